@@ -1,0 +1,164 @@
+"""Running a plan: compile what is new or stale in parallel, record each outcome as it lands.
+
+Each variant is committed in its own short transaction the moment its worker returns, so a
+build killed at any point keeps everything finished before it, leaves nothing half-written,
+and a re-run continues where it stopped (the plan sees the finished variants as present).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from b12x_aot.registry import FailureRecord, RegistryStore, RegistryWriter, VariantRecord
+
+from ._driver import CompileJob, CompileOutcome
+from ._plan import Plan, PlanItem
+from ._pool import run_jobs
+from ._toolchain import COMPILE_OPTIONS
+
+__all__ = ["BuildSummary", "run_build"]
+
+
+@dataclass(slots=True)
+class BuildSummary:
+    build_id: int
+    planned: dict[str, int]
+    built: int = 0
+    unchanged: int = 0  # compiled, but an identical variant was already current
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and not self.planned.get("failed", 0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "build_id": self.build_id,
+            "planned": self.planned,
+            "built": self.built,
+            "unchanged": self.unchanged,
+            "failed": self.failed,
+            "rejected": self.rejected,
+            "seconds": round(self.seconds, 3),
+            "ok": self.ok,
+        }
+
+
+def _job(item: PlanItem) -> CompileJob:
+    v = item.variant
+    return CompileJob(
+        key=v.key,
+        label=v.label,
+        arch=v.arch,
+        kernel=v.spec.kernel,
+        params=dict(v.params),
+        args=v.args,
+        launch=v.spec.geometry.to_json(),
+        limits=v.spec.limits,
+        options=COMPILE_OPTIONS,
+    )
+
+
+def _failure(plan: Plan, item: PlanItem, kind: str, stage: str, reason: str, log: str = "") -> FailureRecord:
+    v = item.variant
+    return FailureRecord(
+        key=v.key,
+        family=v.family,
+        abi=v.spec.abi,
+        arch=v.arch,
+        params=dict(v.params),
+        provenance=plan.provenance_of(v),
+        kind=kind,
+        stage=stage,
+        reason=reason,
+        log=log,
+    )
+
+
+def run_build(
+    plan: Plan,
+    store: RegistryStore,
+    *,
+    workers: int,
+    timeout: float | None,
+    command: str,
+    on_outcome: Callable[[str], None] = lambda status: None,
+) -> BuildSummary:
+    """Compile the plan's new and stale variants and record every outcome."""
+    start = time.monotonic()
+    writer = RegistryWriter(store)
+    shard = f"{plan.shard[0]}/{plan.shard[1]}" if plan.shard else None
+    build_id = writer.begin_build(plan.toolchain, command, shard)
+    summary = BuildSummary(build_id, plan.counts())
+    for item in plan.items:
+        if item.state == "rejected" and not item.recorded:
+            writer.record_failure(build_id, _failure(plan, item, "rejected", item.stage, item.reason))
+        if item.state in ("failed", "rejected"):
+            bucket = summary.failed if item.state == "failed" else summary.rejected
+            bucket.append(
+                {
+                    "variant": item.variant.label,
+                    "key": item.variant.key,
+                    "stage": item.stage,
+                    "reason": item.reason,
+                    "previous_build": True,
+                }
+            )
+    todo = {item.variant.key: item for item in plan.to_compile()}
+
+    def record(outcome: CompileOutcome) -> None:
+        item = todo[outcome.key]
+        v = item.variant
+        if outcome.status == "ok":
+            assert outcome.cubin is not None and outcome.resources is not None
+            rec = VariantRecord(
+                key=v.key,
+                family=v.family,
+                abi=v.spec.abi,
+                arch=v.arch,
+                params=dict(v.params),
+                provenance=plan.provenance_of(v),
+                artifact=outcome.cubin,
+                args=tuple(a.to_json() for a in v.args),
+                launch=v.spec.geometry.to_json(),
+                dynamic_smem_bytes=v.spec.geometry.bind_static(v.params).smem,
+                resources=outcome.resources,
+                ptxas_version=outcome.ptxas_version,
+                ptxas_flags=outcome.ptxas_flags,
+                sass=outcome.sass,
+                compile_seconds=round(outcome.seconds, 3),
+            )
+            if writer.record_variant(build_id, rec):
+                summary.built += 1
+            else:
+                summary.unchanged += 1
+        else:
+            kind = "rejected" if outcome.status == "rejected" else outcome.status
+            writer.record_failure(
+                build_id, _failure(plan, item, kind, outcome.stage, outcome.reason, outcome.log)
+            )
+            bucket = summary.rejected if kind == "rejected" else summary.failed
+            bucket.append(
+                {
+                    "variant": v.label,
+                    "key": v.key,
+                    "stage": outcome.stage,
+                    "reason": outcome.reason,
+                    "previous_build": False,
+                }
+            )
+        on_outcome(outcome.status)
+
+    status = "interrupted"
+    try:
+        run_jobs([_job(i) for i in todo.values()], record, workers=workers, timeout=timeout)
+        status = "ok" if summary.ok else "failed"
+    finally:
+        summary.seconds = time.monotonic() - start
+        writer.finish_build(build_id, status, summary.to_json())
+    return summary

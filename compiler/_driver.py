@@ -1,0 +1,150 @@
+"""Compiling one variant with the CuTe DSL, inside a worker process bound to one arch.
+
+The DSL reads ``CUTE_DSL_ARCH`` when ``cutlass`` is imported and decides which instructions
+are legal from it, so each worker sets it (and a private dump directory) before importing the
+DSL once, then compiles many variants of that arch. A job never raises: any DSL, ptxas or
+contract failure comes back as a :class:`CompileOutcome` with its reason and full log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import os
+import tempfile
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from b12x_aot.loader import Arg, Geometry
+
+from ._contract import check_contract, check_limits
+from ._cubin import KernelResources, inspect_cubin
+from ._sass import SassHistogram, sass_histograms
+from ._spec import Limits
+from .errors import ContractError
+
+__all__ = ["CompileJob", "CompileOutcome", "compile_job", "prepare_worker"]
+
+
+@dataclass(frozen=True, slots=True)
+class CompileJob:
+    key: str
+    label: str
+    arch: str
+    kernel: str  # "package.module:Class"
+    params: Mapping[str, Any]
+    args: tuple[Arg, ...]
+    launch: Mapping[str, Any]  # Geometry.to_json()
+    limits: Limits
+    options: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompileOutcome:
+    key: str
+    status: str  # ok, failed, timeout, rejected
+    stage: str  # compile, contract, limits, worker
+    reason: str
+    log: str
+    seconds: float
+    cubin: bytes | None = None
+    symbol: str | None = None
+    resources: KernelResources | None = None
+    ptxas_version: str | None = None
+    ptxas_flags: str | None = None
+    sass: SassHistogram | None = None
+
+
+def prepare_worker(arch: str) -> None:
+    """Bind this process to ``arch`` and import the DSL once. Call before anything else."""
+    os.environ["CUTE_DSL_ARCH"] = arch
+    workdir = tempfile.mkdtemp(prefix=f"b12x-compile-{arch}-")
+    # --keep-cubin also writes a file named without the compile-time constants; keep those
+    # private to this worker so variants of one kernel never read each other's dumps.
+    os.environ["CUTE_DSL_DUMP_DIR"] = workdir
+    os.chdir(workdir)
+    import cutlass  # noqa: F401  (imported once per worker, after the arch is set)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    head = " ".join(lines[:3])
+    return (f"{type(exc).__name__}: " + head)[:600]
+
+
+def _placeholders(args: tuple[Arg, ...]) -> list[Any]:
+    import cutlass.cute as cute
+    from b12x_aot.kernels._base import DSL_SCALARS, dsl_dtype
+    from cutlass.cute.runtime import make_ptr
+
+    out: list[Any] = []
+    for arg in args:
+        if arg.is_pointer:
+            assert arg.dtype is not None and arg.align is not None
+            out.append(
+                make_ptr(dsl_dtype(arg.dtype), arg.align, cute.AddressSpace.gmem, assumed_align=arg.align)
+            )
+        else:
+            out.append(DSL_SCALARS[arg.kind](0))
+    return out
+
+
+def _compile(job: CompileJob) -> tuple[bytes, str]:
+    import cuda.bindings.driver as cuda
+    import cutlass.cute as cute
+
+    module_name, _, class_name = job.kernel.partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    kernel = cls(Geometry.from_json(job.launch), **job.params)
+    compiled = cute.compile(
+        kernel, *_placeholders(job.args), cuda.CUstream(0), options=f"--gpu-arch {job.arch} {job.options}"
+    )
+    symbols = list(compiled.kernel_info)
+    if len(symbols) != 1:
+        raise ContractError(f"a registry variant must launch exactly one kernel; this one has {symbols}")
+    return bytes(compiled.artifacts.CUBIN), symbols[0]
+
+
+def compile_job(job: CompileJob) -> CompileOutcome:
+    """Compile, inspect and check one variant. Never raises."""
+    start = time.perf_counter()
+    captured = io.StringIO()
+
+    def done(status: str, stage: str, reason: str, log: str = "", **extra: Any) -> CompileOutcome:
+        output = captured.getvalue()
+        full_log = "\n".join(part for part in (log, output and f"--- output ---\n{output}") if part)
+        return CompileOutcome(job.key, status, stage, reason, full_log, time.perf_counter() - start, **extra)
+
+    try:
+        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+            cubin, symbol = _compile(job)
+    except Exception as exc:
+        return done("failed", "compile", _reason(exc), traceback.format_exc())
+
+    geometry = Geometry.from_json(job.launch)
+    try:
+        info = inspect_cubin(cubin)
+        resources = check_contract(info, symbol, job.arch, job.args, geometry.bind_static(job.params))
+    except ContractError as exc:
+        return done("failed", "contract", str(exc), traceback.format_exc(), cubin=cubin, symbol=symbol)
+
+    histograms = sass_histograms(cubin)
+    sass = histograms.get(symbol) if histograms else None
+    note = "" if histograms is not None else "SASS histogram unknown: nvdisasm unavailable ([sass] extra)"
+    extra = {
+        "cubin": cubin,
+        "symbol": symbol,
+        "resources": resources,
+        "ptxas_version": info.ptxas_version,
+        "ptxas_flags": info.ptxas_flags,
+        "sass": sass,
+    }
+    over = check_limits(job.limits, resources, sass.spill_store_bytes if sass else None)
+    if over is not None:
+        return done("rejected", "limits", over, note, **extra)
+    return done("ok", "compile", "", note, **extra)

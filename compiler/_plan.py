@@ -1,0 +1,192 @@
+"""The build plan: every variant classified before anything compiles, without the DSL.
+
+States: ``present`` (current, built from the same source closure, spec contract and, under
+the ``rebuild`` toolchain policy, the same toolchain), ``stale`` (current, but one of those
+changed: the reason says which), ``new`` (never built), ``failed`` (its last build with these
+same inputs failed; retried only with ``--retry-failed``) and ``rejected`` (by the planner
+checks, or by the spec's register/spill bounds on an earlier compile of these same inputs).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from b12x_aot.registry import (
+    FailureState,
+    Provenance,
+    RegistryStore,
+    VariantState,
+    current_states,
+    latest_failures,
+)
+
+from ._closure import source_closure
+from ._spec import Spec
+from ._toolchain import Toolchain
+from ._variants import Variant, expand
+
+__all__ = ["STATES", "Plan", "PlanItem", "make_plan", "parse_shard"]
+
+STATES = ("present", "new", "stale", "failed", "rejected")
+
+
+@dataclass(frozen=True, slots=True)
+class PlanItem:
+    variant: Variant
+    state: str
+    reason: str = ""
+    stage: str = ""
+    recorded: bool = False  # a rejection/failure already in the registry with these inputs
+
+    def to_json(self) -> dict[str, Any]:
+        v = self.variant
+        return {
+            "key": v.key,
+            "family": v.family,
+            "abi": v.spec.abi,
+            "arch": v.arch,
+            "params": dict(v.params),
+            "state": self.state,
+            "stage": self.stage,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    items: tuple[PlanItem, ...]
+    toolchain: Toolchain
+    provenance: Mapping[tuple[str, int], Provenance]
+    shard: tuple[int, int] | None
+
+    def counts(self) -> dict[str, int]:
+        found = Counter(item.state for item in self.items)
+        return {state: found.get(state, 0) for state in STATES}
+
+    def to_compile(self) -> list[PlanItem]:
+        return [item for item in self.items if item.state in ("new", "stale")]
+
+    def provenance_of(self, variant: Variant) -> Provenance:
+        return self.provenance[(variant.spec.family, variant.spec.abi)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "toolchain": {"dsl": dict(self.toolchain.dsl), "options": self.toolchain.options},
+            "shard": f"{self.shard[0]}/{self.shard[1]}" if self.shard else None,
+            "counts": self.counts(),
+            "variants": [item.to_json() for item in self.items],
+        }
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"i/N"`` with ``0 <= i < N``; raises ``ValueError`` otherwise."""
+    index, sep, total = text.partition("/")
+    try:
+        i, n = int(index), int(total)
+    except ValueError:
+        raise ValueError(f"--shard takes i/N, like 0/3 (got {text!r})") from None
+    if not sep or n < 1 or not 0 <= i < n:
+        raise ValueError(f"--shard i/N needs 0 <= i < N (got {text!r})")
+    return i, n
+
+
+def in_shard(key: str, shard: tuple[int, int] | None) -> bool:
+    """Deterministic partition by variant key: the same key lands in the same shard anywhere."""
+    return shard is None or int(key[:16], 16) % shard[1] == shard[0]
+
+
+def _display_path(path: Path) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return str(path.resolve())
+
+
+def _staleness(state: VariantState, prov: Provenance, policy: str) -> str:
+    changed = []
+    if state.source_hash != prov.source_hash:
+        changed.append("kernel source changed")
+    if state.spec_hash != prov.spec_hash:
+        changed.append("spec contract changed")
+    if state.toolchain_hash != prov.toolchain_hash and policy == "rebuild":
+        changed.append("toolchain changed")
+    return "; ".join(changed)
+
+
+def make_plan(
+    specs: Sequence[Spec],
+    store: RegistryStore | None,
+    *,
+    toolchain: Toolchain,
+    archs: Sequence[str] | None = None,
+    where: Mapping[str, str] | None = None,
+    shard: tuple[int, int] | None = None,
+    toolchain_policy: str = "rebuild",
+    retry_failed: bool = False,
+) -> Plan:
+    """Classify every variant of ``specs``. Reads the registry; imports no DSL."""
+    if toolchain_policy not in ("rebuild", "keep"):
+        raise ValueError(f"toolchain policy must be 'rebuild' or 'keep' (got {toolchain_policy!r})")
+    provenance = {
+        (s.family, s.abi): Provenance(
+            module=s.module,
+            source=source_closure(s.module),
+            spec_path=_display_path(s.path),
+            spec_contract=s.contract(),
+            toolchain=toolchain,
+        )
+        for s in specs
+    }
+    states: Mapping[str, VariantState] = {}
+    failures: Mapping[str, FailureState] = {}
+    if store is not None:
+        with store.read() as conn:
+            states = current_states(conn)
+            failures = latest_failures(conn)
+    items: list[PlanItem] = []
+    for spec in specs:
+        prov = provenance[(spec.family, spec.abi)]
+        accepted, rejected = expand(spec, archs=archs, where=where)
+        for rejection in rejected:
+            if not in_shard(rejection.variant.key, shard):
+                continue
+            last = failures.get(rejection.variant.key)
+            recorded = (
+                last is not None
+                and last.kind == "rejected"
+                and last.same_inputs(prov)
+                and last.reason == rejection.reason
+            )
+            items.append(PlanItem(rejection.variant, "rejected", rejection.reason, rejection.stage, recorded))
+        for variant in accepted:
+            if not in_shard(variant.key, shard):
+                continue
+            items.append(_classify(variant, prov, states, failures, toolchain_policy, retry_failed))
+    return Plan(tuple(items), toolchain, provenance, shard)
+
+
+def _classify(
+    variant: Variant,
+    prov: Provenance,
+    states: Mapping[str, VariantState],
+    failures: Mapping[str, FailureState],
+    policy: str,
+    retry_failed: bool,
+) -> PlanItem:
+    state = states.get(variant.key)
+    last = failures.get(variant.key)
+    newer_failure = last is not None and (state is None or last.id_after(state))
+    if newer_failure and last.same_inputs(prov):  # type: ignore[union-attr]
+        if last.kind == "rejected":  # type: ignore[union-attr]
+            return PlanItem(variant, "rejected", last.reason, last.stage, True)  # type: ignore[union-attr]
+        if last.kind == "failed" and not retry_failed:  # type: ignore[union-attr]
+            return PlanItem(variant, "failed", last.reason, last.stage, True)  # type: ignore[union-attr]
+    if state is None:
+        return PlanItem(variant, "new")
+    reason = _staleness(state, prov, policy)
+    return PlanItem(variant, "stale", reason) if reason else PlanItem(variant, "present")

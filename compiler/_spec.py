@@ -1,0 +1,391 @@
+"""Kernel specs: YAML files parsed into frozen records, with errors that name file:line:field.
+
+The YAML is composed into nodes first so that every value keeps its line; pydantic checks the
+shape (types, unknown keys) and this module checks the meaning (dtypes, expressions, names).
+Any problem becomes a :class:`SpecError` listing every fault found, never a traceback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from b12x_aot.loader import DTYPES, Arg, Expr, ExpressionError, Geometry
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+
+from ._arch import ARCHS
+from .errors import SpecError, SpecFault
+
+__all__ = ["ArgTemplate", "Limits", "Spec", "contract_hash", "load_spec", "load_specs"]
+
+_TEMPLATE = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+_ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_FAMILY = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
+
+Scalar = StrictInt | StrictStr | StrictBool
+ExprSource = StrictInt | StrictStr
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _ArgModel(_Strict):
+    name: StrictStr
+    kind: Literal["ptr", "i32", "u32", "i64", "u64", "f32", "f64"]
+    dtype: StrictStr | None = None
+    align: StrictInt | None = None
+    intent: Literal["in", "out", "inout"] = "in"
+
+
+class _LaunchModel(_Strict):
+    grid: list[ExprSource] = Field(min_length=3, max_length=3)
+    block: list[ExprSource] = Field(min_length=3, max_length=3)
+    smem: ExprSource = 0
+    cluster: list[ExprSource] | None = Field(default=None, min_length=3, max_length=3)
+
+
+class _LimitsModel(_Strict):
+    max_registers: StrictInt | None = Field(default=None, ge=1, le=255)
+    max_spill_bytes: StrictInt | None = Field(default=None, ge=0)
+    max_stack_bytes: StrictInt | None = Field(default=None, ge=0)
+
+
+class _SpecModel(_Strict):
+    family: StrictStr
+    abi: StrictInt = Field(ge=1)
+    kernel: StrictStr
+    doc: StrictStr = ""
+    archs: list[StrictStr] = Field(min_length=1)
+    params: dict[StrictStr, list[Scalar]] = Field(min_length=1)
+    constraints: list[StrictStr] = []
+    args: list[_ArgModel] = Field(min_length=1)
+    launch: _LaunchModel
+    limits: _LimitsModel = _LimitsModel()
+
+
+@dataclass(frozen=True, slots=True)
+class ArgTemplate:
+    """A spec argument; ``dtype`` may be a ``{param}`` template resolved per variant."""
+
+    name: str
+    kind: str
+    dtype: str | None
+    align: int | None
+    intent: str
+
+    def resolve(self, params: Mapping[str, Any]) -> Arg:
+        dtype = self.dtype
+        if dtype is not None and (m := _TEMPLATE.match(dtype)):
+            dtype = str(params[m.group(1)])
+        return Arg(self.name, self.kind, dtype, self.align, self.intent)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Post-compile bounds; a variant over any of them is recorded as rejected."""
+
+    max_registers: int | None = None
+    max_spill_bytes: int | None = None
+    max_stack_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    path: Path
+    family: str
+    abi: int
+    kernel: str
+    doc: str
+    archs: tuple[str, ...]
+    params: tuple[tuple[str, tuple[int | str | bool, ...]], ...]
+    constraints: tuple[Expr, ...]
+    args: tuple[ArgTemplate, ...]
+    geometry: Geometry
+    limits: Limits
+
+    @property
+    def module(self) -> str:
+        return self.kernel.partition(":")[0]
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.params)
+
+    @property
+    def scalar_names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.args if a.kind != "ptr")
+
+    def contract(self) -> dict[str, Any]:
+        """What a compiled variant depends on besides its params and its source closure."""
+        return {
+            "family": self.family,
+            "abi": self.abi,
+            "kernel": self.kernel,
+            "args": [
+                {"name": a.name, "kind": a.kind, "dtype": a.dtype, "align": a.align, "intent": a.intent}
+                for a in self.args
+            ],
+            "launch": self.geometry.to_json(),
+            "limits": {
+                "max_registers": self.limits.max_registers,
+                "max_spill_bytes": self.limits.max_spill_bytes,
+                "max_stack_bytes": self.limits.max_stack_bytes,
+            },
+        }
+
+    def contract_hash(self) -> str:
+        """sha256 of :meth:`contract`: a change here makes this family's variants stale."""
+        return contract_hash(self.contract())
+
+
+def contract_hash(contract: Mapping[str, Any]) -> str:
+    """sha256 of a spec contract's canonical JSON."""
+    text = json.dumps(contract, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# --- YAML with line numbers -------------------------------------------------------------
+
+
+def _compose(text: str, path: Path) -> tuple[Any, dict[tuple[Any, ...], int]]:
+    """Parse YAML into plain objects plus a map from each value's path to its line."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else 1
+        raise SpecError(
+            path, [SpecFault(line, "", f"invalid YAML: {getattr(exc, 'problem', exc)}")]
+        ) from None
+    if root is None:
+        raise SpecError(path, [SpecFault(1, "", "the file is empty")])
+    lines: dict[tuple[Any, ...], int] = {}
+    constructor = yaml.constructor.SafeConstructor()
+
+    def build(node: yaml.Node, where: tuple[Any, ...]) -> Any:
+        lines[where] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            out: dict[Any, Any] = {}
+            for key_node, value_node in node.value:
+                key = constructor.construct_object(key_node, deep=True)
+                if key in out:
+                    raise SpecError(
+                        path,
+                        [SpecFault(key_node.start_mark.line + 1, _dotted((*where, key)), "duplicate key")],
+                    )
+                out[key] = build(value_node, (*where, key))
+                lines[(*where, key)] = key_node.start_mark.line + 1
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [build(item, (*where, i)) for i, item in enumerate(node.value)]
+        return constructor.construct_object(node, deep=True)
+
+    return build(root, ()), lines
+
+
+def _dotted(where: Iterable[Any]) -> str:
+    text = ""
+    for part in where:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _line(lines: Mapping[tuple[Any, ...], int], where: tuple[Any, ...]) -> int:
+    while where and where not in lines:
+        where = where[:-1]
+    return lines.get(where, 1)
+
+
+# --- validation ---------------------------------------------------------------------------
+
+
+class _Faults:
+    def __init__(self, lines: Mapping[tuple[Any, ...], int]) -> None:
+        self.lines = lines
+        self.items: list[SpecFault] = []
+
+    def add(self, where: tuple[Any, ...], message: str) -> None:
+        self.items.append(SpecFault(_line(self.lines, where), _dotted(where), message))
+
+    def expr(self, where: tuple[Any, ...], source: str | int, allowed: Iterable[str]) -> Expr | None:
+        try:
+            expr = Expr.parse(source)
+        except ExpressionError as exc:
+            self.add(where, f"bad expression {source!r}: {exc.reason}")
+            return None
+        unknown = expr.names - set(allowed)
+        if unknown:
+            self.add(
+                where,
+                f"expression {source!r} reads {', '.join(sorted(unknown))}, which is not "
+                f"among: {', '.join(sorted(allowed)) or '(nothing)'}",
+            )
+            return None
+        return expr
+
+
+def _pydantic_faults(exc: ValidationError, faults: _Faults) -> None:
+    for err in exc.errors():
+        where = tuple(
+            p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-", "constrained-")))
+        )
+        # Unions report each branch's type name in loc; keep the path a user would write.
+        where = tuple(p for p in where if p not in ("int", "str", "bool", "list[...]", "none"))
+        got = err.get("input")
+        suffix = "" if err["type"] == "missing" else f" (got {got!r})"
+        faults.add(where, err["msg"] + suffix)
+
+
+def _validate(
+    model: _SpecModel, faults: _Faults
+) -> tuple[tuple[ArgTemplate, ...], Geometry | None, list[Expr]]:
+    if not _FAMILY.match(model.family):
+        faults.add(("family",), f"must be dotted lowercase like 'moe.topk_sum' (got {model.family!r})")
+    if not _ENTRY.match(model.kernel):
+        faults.add(("kernel",), f"must be 'package.module:Class' (got {model.kernel!r})")
+    for i, arch in enumerate(model.archs):
+        if arch not in ARCHS:
+            faults.add(("archs", i), f"unknown arch {arch!r}; known: {', '.join(ARCHS)}")
+    if len(set(model.archs)) != len(model.archs):
+        faults.add(("archs",), "lists an arch twice")
+
+    for name, values in model.params.items():
+        if not name.isidentifier():
+            faults.add(("params", name), "param names must be identifiers")
+        if not values:
+            faults.add(("params", name), "needs at least one value")
+        if len(set(map(repr, values))) != len(values):
+            faults.add(("params", name), f"lists a value twice: {values}")
+
+    arg_names = [a.name for a in model.args]
+    templates: list[ArgTemplate] = []
+    for i, arg in enumerate(model.args):
+        where = ("args", i)
+        if not arg.name.isidentifier():
+            faults.add((*where, "name"), f"must be an identifier (got {arg.name!r})")
+        if arg_names.count(arg.name) > 1:
+            faults.add((*where, "name"), f"argument {arg.name!r} is declared twice")
+        if arg.name in model.params:
+            faults.add((*where, "name"), f"argument {arg.name!r} has the name of a param")
+        if arg.kind == "ptr":
+            _check_pointer(arg, where, model.params, faults)
+        else:
+            if arg.dtype is not None or arg.align is not None:
+                faults.add(where, f"a {arg.kind} scalar takes no dtype or align")
+            if arg.intent != "in":
+                faults.add((*where, "intent"), "a scalar is always intent 'in'")
+        templates.append(ArgTemplate(arg.name, arg.kind, arg.dtype, arg.align, arg.intent))
+
+    params = list(model.params)
+    scalars = [a.name for a in model.args if a.kind != "ptr"]
+    constraints = [
+        e for i, c in enumerate(model.constraints) if (e := faults.expr(("constraints", i), c, params))
+    ]
+    launch = model.launch
+    grid = [faults.expr(("launch", "grid", i), g, params + scalars) for i, g in enumerate(launch.grid)]
+    block = [faults.expr(("launch", "block", i), b, params) for i, b in enumerate(launch.block)]
+    smem = faults.expr(("launch", "smem"), launch.smem, params)
+    cluster = (
+        [faults.expr(("launch", "cluster", i), c, params) for i, c in enumerate(launch.cluster)]
+        if launch.cluster is not None
+        else None
+    )
+    geometry = None
+    if all(grid) and all(block) and smem and (cluster is None or all(cluster)):
+        geometry = Geometry(tuple(grid), tuple(block), smem, tuple(cluster) if cluster else None)  # type: ignore[arg-type]
+    return tuple(templates), geometry, constraints
+
+
+def _check_pointer(
+    arg: _ArgModel, where: tuple[Any, ...], params: Mapping[str, list[Any]], faults: _Faults
+) -> None:
+    if arg.dtype is None:
+        faults.add(where, "a ptr argument needs a dtype")
+    elif m := _TEMPLATE.match(arg.dtype):
+        param = m.group(1)
+        if param not in params:
+            faults.add((*where, "dtype"), f"template {arg.dtype!r} names no param")
+        else:
+            bad = [v for v in params[param] if v not in DTYPES]
+            if bad:
+                faults.add(
+                    (*where, "dtype"),
+                    f"param {param!r} has values that are not dtypes: {bad}; valid: {', '.join(DTYPES)}",
+                )
+    elif arg.dtype not in DTYPES:
+        faults.add((*where, "dtype"), f"{arg.dtype!r} is not a dtype; valid: {', '.join(DTYPES)}")
+    if arg.align is None:
+        faults.add(where, "a ptr argument needs an align (bytes, a power of two)")
+    elif arg.align <= 0 or arg.align & (arg.align - 1):
+        faults.add((*where, "align"), f"must be a power of two (got {arg.align})")
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Load and validate one spec file. Raises :class:`SpecError` listing every fault."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(path, [SpecFault(0, "", f"cannot read the file: {exc.strerror}")]) from None
+    data, lines = _compose(text, path)
+    faults = _Faults(lines)
+    if not isinstance(data, dict):
+        raise SpecError(path, [SpecFault(1, "", "a spec must be a YAML mapping")])
+    try:
+        model = _SpecModel.model_validate(data)
+    except ValidationError as exc:
+        _pydantic_faults(exc, faults)
+        raise SpecError(path, faults.items) from None
+    args, geometry, constraints = _validate(model, faults)
+    if faults.items or geometry is None:
+        raise SpecError(path, faults.items)
+    return Spec(
+        path=path,
+        family=model.family,
+        abi=model.abi,
+        kernel=model.kernel,
+        doc=model.doc.strip(),
+        archs=tuple(model.archs),
+        params=tuple((k, tuple(v)) for k, v in model.params.items()),
+        constraints=tuple(constraints),
+        args=args,
+        geometry=geometry,
+        limits=Limits(**model.limits.model_dump()),
+    )
+
+
+def load_specs(paths: Iterable[str | Path]) -> list[Spec]:
+    """Load every spec named, expanding directories to their ``*.yaml`` files, sorted.
+
+    Raises :class:`SpecError` for the first bad file, and for two specs of one family and ABI.
+    """
+    files: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            files.extend(sorted([*p.glob("*.yaml"), *p.glob("*.yml")]))
+        elif p.exists():
+            files.append(p)
+        else:
+            raise SpecError(p, [SpecFault(0, "", "no such file or directory")])
+    if not files:
+        raise SpecError(
+            Path(*map(str, paths)) if paths else Path("."), [SpecFault(0, "", "no *.yaml specs found")]
+        )
+    specs = [load_spec(f) for f in files]
+    seen: dict[tuple[str, int], Path] = {}
+    for spec in specs:
+        other = seen.setdefault((spec.family, spec.abi), spec.path)
+        if other != spec.path:
+            raise SpecError(
+                spec.path,
+                [SpecFault(1, "family", f"{spec.family} abi {spec.abi} is also defined in {other}")],
+            )
+    return specs

@@ -1,0 +1,48 @@
+"""The toolchain fingerprint: every installed nvidia-cutlass-dsl* distribution, and options.
+
+Read from package metadata, not by importing the DSL. The ptxas that assembled a cubin is
+recorded per kernel from the cubin itself (``KernelResources``/``CubinInfo``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+from dataclasses import dataclass
+
+from .errors import ToolchainError
+
+__all__ = ["COMPILE_OPTIONS", "Toolchain", "current_toolchain"]
+
+# Options every variant is compiled with (besides --gpu-arch, which the arch fixes).
+COMPILE_OPTIONS = "--keep-cubin --opt-level 3"
+
+
+@dataclass(frozen=True, slots=True)
+class Toolchain:
+    dsl: tuple[tuple[str, str], ...]  # (distribution, version), sorted
+    options: str
+
+    @property
+    def hash(self) -> str:
+        text = json.dumps({"dsl": self.dsl, "options": self.options}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def describe(self) -> str:
+        return ", ".join(f"{n}=={v}" for n, v in self.dsl) + f" [{self.options}]"
+
+
+def current_toolchain(options: str = COMPILE_OPTIONS) -> Toolchain:
+    """The toolchain of this environment. Raises :class:`ToolchainError` if the DSL is absent."""
+    found: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name.startswith("nvidia-cutlass-dsl"):
+            found[name] = dist.version
+    if "nvidia-cutlass-dsl" not in found:
+        raise ToolchainError(
+            "nvidia-cutlass-dsl is not installed; install the project (pip install -e .) "
+            "to get the CuTe DSL toolchain"
+        )
+    return Toolchain(tuple(sorted(found.items())), options)

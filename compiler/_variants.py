@@ -1,0 +1,158 @@
+"""Expanding specs into variants, and the planner checks that run before any compile.
+
+Every combination of a spec's params, for every arch, is one variant. A variant is rejected
+before compiling, with its reason, when a spec constraint is false, when its block has a
+thread count the arch does not allow, or when its dynamic shared memory exceeds the arch's
+opt-in limit.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from b12x_aot.loader import Arg, ExpressionError, StaticGeometry, variant_key
+
+from ._arch import ARCHS
+from ._spec import Spec
+from .errors import SpecError, SpecFault
+
+__all__ = ["Rejection", "Variant", "expand", "parse_where"]
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One (spec, arch, params) combination, with its key and resolved launch ABI."""
+
+    spec: Spec
+    arch: str
+    params: Mapping[str, Any]
+    key: str
+    args: tuple[Arg, ...]
+
+    @property
+    def family(self) -> str:
+        return self.spec.family
+
+    @property
+    def label(self) -> str:
+        params = ",".join(f"{k}={v}" for k, v in self.params.items())
+        return f"{self.spec.family}[{params}]@{self.arch}"
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    variant: Variant
+    stage: str  # constraint, geometry, threads, smem
+    reason: str
+
+
+def parse_where(items: Iterable[str]) -> dict[str, str]:
+    """``["k=v", ...]`` into a dict; raises ``ValueError`` naming a malformed item."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--where takes param=value (got {item!r})")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def _filter(spec: Spec, where: Mapping[str, str]) -> list[tuple[str, tuple[Any, ...]]]:
+    """The spec's param matrix narrowed by ``where`` (values compared as text)."""
+    params: list[tuple[str, tuple[Any, ...]]] = []
+    for name, values in spec.params:
+        if name in where:
+            chosen = tuple(v for v in values if str(v) == where[name])
+            if not chosen:
+                raise SpecError(
+                    spec.path,
+                    [
+                        SpecFault(
+                            0,
+                            f"params.{name}",
+                            f"--where {name}={where[name]} is not in this spec's matrix "
+                            f"{list(values)}; add it there to build it",
+                        )
+                    ],
+                )
+            values = chosen
+        params.append((name, values))
+    return params
+
+
+def _constraints(spec: Spec, params: Mapping[str, Any]) -> str | None:
+    """Why the params fail the spec's constraints, or None when they pass."""
+    for constraint in spec.constraints:
+        try:
+            if not constraint.evaluate(params):
+                return f"constraint {constraint.source!r} is false"
+        except (ExpressionError, ArithmeticError, TypeError) as exc:
+            return f"constraint {constraint.source!r} does not evaluate: {exc}"
+    return None
+
+
+def _check(variant: Variant, static: StaticGeometry) -> Rejection | None:
+    limits = ARCHS[variant.arch]
+    threads = static.threads
+    if threads < 32 or threads > limits.max_threads or threads % 32:
+        return Rejection(
+            variant,
+            "threads",
+            f"block {static.block} has {threads} threads; {variant.arch} allows a multiple of 32 "
+            f"from 32 to {limits.max_threads}",
+        )
+    if static.smem > limits.max_smem_optin:
+        return Rejection(
+            variant,
+            "smem",
+            f"dynamic shared memory {static.smem} B exceeds the {variant.arch} opt-in limit of "
+            f"{limits.max_smem_optin} B",
+        )
+    return None
+
+
+def expand(
+    spec: Spec, *, archs: Sequence[str] | None = None, where: Mapping[str, str] | None = None
+) -> tuple[list[Variant], list[Rejection]]:
+    """All variants of ``spec`` (optionally narrowed), split into accepted and rejected."""
+    where = dict(where or {})
+    unknown = set(where) - set(spec.param_names)
+    if unknown:
+        raise SpecError(
+            spec.path,
+            [
+                SpecFault(
+                    0,
+                    "params",
+                    f"--where names {sorted(unknown)}, not params of {spec.family} "
+                    f"({', '.join(spec.param_names)})",
+                )
+            ],
+        )
+    matrix = _filter(spec, where)
+    names = [n for n, _ in matrix]
+    accepted: list[Variant] = []
+    rejected: list[Rejection] = []
+    for arch in spec.archs if archs is None else [a for a in spec.archs if a in archs]:
+        for values in itertools.product(*(v for _, v in matrix)):
+            params = dict(zip(names, values, strict=True))
+            key = variant_key(family=spec.family, abi=spec.abi, arch=arch, params=params)
+            variant = Variant(spec, arch, params, key, tuple(a.resolve(params) for a in spec.args))
+            reason = _constraints(spec, params)
+            if reason is not None:
+                rejected.append(Rejection(variant, "constraint", reason))
+                continue
+            try:
+                static = spec.geometry.bind_static(params)
+            except (ExpressionError, ZeroDivisionError) as exc:
+                rejected.append(Rejection(variant, "geometry", f"launch geometry does not evaluate: {exc}"))
+                continue
+            rejection = _check(variant, static)
+            if rejection is not None:
+                rejected.append(rejection)
+            else:
+                accepted.append(variant)
+    return accepted, rejected

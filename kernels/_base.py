@@ -1,0 +1,87 @@
+"""What every registry kernel shares: DSL element types and the spec-driven launch.
+
+A registry kernel is a class constructed as ``Kernel(geometry, **params)``. Its ``@cute.jit``
+``__call__`` takes the spec's arguments in order (``cute.Pointer`` and integer scalars) and a
+stream, and launches with :meth:`AotKernel.launch_config`, so the geometry the DSL compiles
+in is exactly the spec's, the same that the loader evaluates at launch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import cutlass
+import cutlass.cute as cute
+
+# Imported from its defining module so the source closure stays this module's real deps.
+from b12x_aot.loader._geometry import Geometry
+
+__all__ = ["DSL_DTYPES", "DSL_SCALARS", "AotKernel", "dsl_dtype"]
+
+DSL_DTYPES: Mapping[str, type] = {
+    "fp64": cutlass.Float64,
+    "fp32": cutlass.Float32,
+    "fp16": cutlass.Float16,
+    "bf16": cutlass.BFloat16,
+    "fp8_e4m3": cutlass.Float8E4M3FN,
+    "i64": cutlass.Int64,
+    "i32": cutlass.Int32,
+    "i16": cutlass.Int16,
+    "i8": cutlass.Int8,
+    "u64": cutlass.Uint64,
+    "u32": cutlass.Uint32,
+    "u16": cutlass.Uint16,
+    "u8": cutlass.Uint8,
+}
+
+DSL_SCALARS: Mapping[str, type] = {
+    "i32": cutlass.Int32,
+    "u32": cutlass.Uint32,
+    "i64": cutlass.Int64,
+    "u64": cutlass.Uint64,
+    "f32": cutlass.Float32,
+    "f64": cutlass.Float64,
+}
+
+
+def dsl_dtype(name: str) -> type:
+    """The DSL numeric type for a spec dtype name."""
+    try:
+        return DSL_DTYPES[name]
+    except KeyError:
+        raise ValueError(f"dtype must be one of {', '.join(DSL_DTYPES)} (got {name!r})") from None
+
+
+class AotKernel:
+    """Base class of registry kernels: keeps the params and the spec's launch geometry."""
+
+    def __init__(self, geometry: Geometry, **params: Any) -> None:
+        self.geometry = geometry
+        self.params = dict(params)
+        self.static = geometry.bind_static(self.params)
+
+    def launch_config(self, **runtime: Any) -> dict[str, Any]:
+        """``grid``, ``block`` and ``smem`` for ``.launch()``, from the spec's expressions."""
+        config: dict[str, Any] = {
+            "grid": list(self.geometry.grid_of({**self.params, **runtime})),
+            "block": list(self.static.block),
+            "smem": self.static.smem,
+        }
+        if self.static.cluster is not None:
+            config["cluster"] = list(self.static.cluster)
+        return config
+
+    @staticmethod
+    def tensor(ptr: cute.Pointer, extent: Any) -> cute.Tensor:
+        """A flat 1-D view of ``extent`` elements starting at ``ptr``."""
+        return cute.make_tensor(ptr, cute.make_layout(extent))
+
+    @staticmethod
+    def vectors(ptr: cute.Pointer, width: int, count: Any) -> cute.Tensor:
+        """``(width, count)`` view: column ``i`` is the ``i``-th ``width``-element vector.
+
+        With the pointer's declared alignment and a static ``width``, each column is known to
+        be aligned, so copies of a column vectorise to 16-byte accesses.
+        """
+        return cute.make_tensor(ptr, cute.make_layout((width, count), stride=(1, width)))

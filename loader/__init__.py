@@ -1,0 +1,70 @@
+"""b12x-aot loader: open a registry, resolve and preload variants, launch them.
+
+Imports only the stdlib and ``cuda.bindings``; torch is touched only when the caller passes
+tensors or has imported it. Never compiles: a missing variant is an error that says how to
+build it.
+
+    from b12x_aot.loader import Registry
+
+    registry = Registry.open("kernels.db")
+    topk_sum = registry.kernel("moe.topk_sum", 1, element="bf16", output="bf16",
+                               topk=8, hidden=7168, cta_threads=128).prepare()
+    topk_sum(out, routed, weights, route_ids, num_tokens, num_experts)
+"""
+
+from ._abi import DTYPES, SCALAR_KINDS, Arg, DType, ParamLayout, ScalarKind
+from ._expr import Expr, cdiv
+from ._geometry import Geometry, StaticGeometry
+from ._index import READABLE_SCHEMA, IndexEntry
+from ._keys import KEY_SCHEMA_VERSION, arch_of, canonical_params, variant_key
+from ._launch import PreparedLaunch
+from ._manifest import Manifest, ParamRange, Requirement
+from ._registry import Kernel, LoadStats, Registry
+from .errors import (
+    CaptureError,
+    CudaError,
+    ExpressionError,
+    IntegrityError,
+    LaunchArgumentError,
+    LoaderError,
+    ManifestError,
+    RegistryFormatError,
+    RequirementError,
+    VariantMissError,
+)
+
+__all__ = [
+    "DTYPES",
+    "KEY_SCHEMA_VERSION",
+    "READABLE_SCHEMA",
+    "SCALAR_KINDS",
+    "Arg",
+    "CaptureError",
+    "CudaError",
+    "DType",
+    "Expr",
+    "ExpressionError",
+    "Geometry",
+    "IndexEntry",
+    "IntegrityError",
+    "Kernel",
+    "LaunchArgumentError",
+    "LoadStats",
+    "LoaderError",
+    "Manifest",
+    "ManifestError",
+    "ParamLayout",
+    "ParamRange",
+    "PreparedLaunch",
+    "Registry",
+    "RegistryFormatError",
+    "Requirement",
+    "RequirementError",
+    "ScalarKind",
+    "StaticGeometry",
+    "VariantMissError",
+    "arch_of",
+    "canonical_params",
+    "cdiv",
+    "variant_key",
+]

@@ -1,0 +1,227 @@
+"""A small whitelisted arithmetic language for constraints and launch geometry.
+
+Spec constraints, the DSL host launch and the loader's launch all read the same expressions,
+so they are parsed once with :mod:`ast` and walked by hand: never ``eval``. The grammar is
+integer arithmetic (``+ - * // % << >>``), comparisons, ``and/or/not``, ``x if c else y``,
+tuples for ``in``, string and integer literals, names, and four functions: ``cdiv(a, b)``
+(ceiling division), ``min``, ``max`` and ``sizeof(dtype)`` (bytes per element).
+
+Evaluation is duck-typed, so the same tree evaluates over Python ints (constraints, the
+loader) and over the DSL's traced ``Int32`` values (the kernel's host launch function).
+Operands of ``//`` and ``%`` are expected to be non-negative; there floor and truncation agree.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._abi import DTYPES
+from .errors import ExpressionError
+
+__all__ = ["Expr", "cdiv"]
+
+
+def cdiv(a: Any, b: Any) -> Any:
+    """Ceiling division for non-negative operands."""
+    return (a + b - 1) // b
+
+
+def _sizeof(name: Any) -> int:
+    if name not in DTYPES:
+        raise ExpressionError(str(name), f"sizeof() takes a dtype name, one of {', '.join(DTYPES)}")
+    return DTYPES[name].itemsize
+
+
+_BINOPS: Mapping[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.LShift: operator.lshift,
+    ast.RShift: operator.rshift,
+}
+_UNARY: Mapping[type, Callable[[Any], Any]] = {
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+    ast.Not: operator.not_,
+}
+_COMPARE: Mapping[type, Callable[[Any, Any], Any]] = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+}
+_FUNCTIONS: Mapping[str, Callable[..., Any]] = {
+    "cdiv": cdiv,
+    "min": min,
+    "max": max,
+    "sizeof": _sizeof,
+}
+_ARITY: Mapping[str, tuple[int, int]] = {"cdiv": (2, 2), "min": (2, 8), "max": (2, 8), "sizeof": (1, 1)}
+# Nodes that need no check of their own: containers, contexts and the operators that the
+# BinOp/UnaryOp/Compare checks have already vetted (ast.walk visits parents first).
+_PASSIVE_NODES = (
+    ast.Expression,
+    ast.Load,
+    ast.And,
+    ast.Or,
+    ast.BoolOp,
+    ast.IfExp,
+    ast.Tuple,
+    ast.List,
+    *_BINOPS,
+    *_UNARY,
+    *_COMPARE,
+)
+
+
+def _check(node: ast.AST, source: str) -> frozenset[str]:
+    """Reject every node outside the grammar; return the free names."""
+    names: set[str] = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, _PASSIVE_NODES):
+            continue
+        if isinstance(sub, ast.Name):
+            if sub.id in _FUNCTIONS:
+                continue
+            names.add(sub.id)
+        elif isinstance(sub, ast.Constant):
+            if not isinstance(sub.value, int | str) or sub.value is None:
+                raise ExpressionError(source, f"literal {sub.value!r} is not an integer or string")
+        elif isinstance(sub, ast.BinOp):
+            if type(sub.op) not in _BINOPS:
+                hint = " (use // for integer division)" if isinstance(sub.op, ast.Div) else ""
+                raise ExpressionError(source, f"operator {type(sub.op).__name__} is not allowed{hint}")
+        elif isinstance(sub, ast.UnaryOp):
+            if type(sub.op) not in _UNARY:
+                raise ExpressionError(source, f"operator {type(sub.op).__name__} is not allowed")
+        elif isinstance(sub, ast.Compare):
+            for op in sub.ops:
+                if type(op) not in _COMPARE:
+                    raise ExpressionError(source, f"comparison {type(op).__name__} is not allowed")
+        elif isinstance(sub, ast.Call):
+            func = sub.func
+            if not isinstance(func, ast.Name) or func.id not in _FUNCTIONS:
+                raise ExpressionError(source, f"only the functions {', '.join(_FUNCTIONS)} may be called")
+            lo, hi = _ARITY[func.id]
+            if sub.keywords or not lo <= len(sub.args) <= hi:
+                raise ExpressionError(source, f"{func.id}() takes {lo}..{hi} positional arguments")
+        else:
+            raise ExpressionError(source, f"{type(sub).__name__} is not allowed in an expression")
+    return frozenset(names)
+
+
+def _walk(node: ast.AST, env: Mapping[str, Any]) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        try:
+            return env[node.id]
+        except KeyError:
+            raise ExpressionError(node.id, f"name {node.id!r} is not defined here") from None
+    if isinstance(node, ast.BinOp):
+        return _BINOPS[type(node.op)](_walk(node.left, env), _walk(node.right, env))
+    if isinstance(node, ast.UnaryOp):
+        return _UNARY[type(node.op)](_walk(node.operand, env))
+    if isinstance(node, ast.Compare):
+        left = _walk(node.left, env)
+        for op, comparator in zip(node.ops, node.comparators, strict=True):
+            right = _walk(comparator, env)
+            if not _COMPARE[type(op)](left, right):
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.BoolOp):
+        if isinstance(node.op, ast.And):
+            return all(_walk(v, env) for v in node.values)
+        return any(_walk(v, env) for v in node.values)
+    if isinstance(node, ast.IfExp):
+        return _walk(node.body, env) if _walk(node.test, env) else _walk(node.orelse, env)
+    if isinstance(node, ast.Tuple | ast.List):
+        return tuple(_walk(e, env) for e in node.elts)
+    if isinstance(node, ast.Call):
+        assert isinstance(node.func, ast.Name)
+        return _FUNCTIONS[node.func.id](*(_walk(a, env) for a in node.args))
+    raise ExpressionError(ast.unparse(node), "unsupported node")  # pragma: no cover - _check
+
+
+def _closure(node: ast.AST, constants: Mapping[str, Any], positions: Mapping[str, int]) -> Any:
+    """Fold constant subtrees; return a value, or a closure over the positional args."""
+    if isinstance(node, ast.Name) and node.id in positions:
+        return operator.itemgetter(positions[node.id])
+    free = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id not in _FUNCTIONS}
+    if not free & positions.keys():
+        return _walk(node, constants)
+    if isinstance(node, ast.BinOp):
+        op = _BINOPS[type(node.op)]
+        left = _closure(node.left, constants, positions)
+        right = _closure(node.right, constants, positions)
+        if not callable(left):
+            return lambda a: op(left, right(a))
+        if not callable(right):
+            return lambda a: op(left(a), right)
+        return lambda a: op(left(a), right(a))
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        func = _FUNCTIONS[node.func.id]
+        parts = [_closure(arg, constants, positions) for arg in node.args]
+        getters = [p if callable(p) else (lambda _a, v=p: v) for p in parts]
+        return lambda a: func(*(g(a) for g in getters))
+    # Rare shapes (comparisons, conditionals) fall back to walking the tree per call.
+    names = sorted(free & positions.keys())
+    index = [(n, positions[n]) for n in names]
+    return lambda a: _walk(node, {**constants, **{n: a[i] for n, i in index}})
+
+
+@dataclass(frozen=True, slots=True)
+class Expr:
+    """A parsed expression. ``names`` are the free names it reads."""
+
+    source: str
+    names: frozenset[str]
+    _tree: ast.Expression = field(compare=False, repr=False)
+
+    @classmethod
+    def parse(cls, source: str | int) -> Expr:
+        """Parse ``source``; raise :class:`ExpressionError` naming what is not allowed."""
+        if isinstance(source, bool) or not isinstance(source, int | str):
+            raise ExpressionError(repr(source), "an expression must be an integer or a string")
+        text = str(source).strip()
+        if not text:
+            raise ExpressionError(text, "the expression is empty")
+        try:
+            tree = ast.parse(text, mode="eval")
+        except SyntaxError as exc:
+            raise ExpressionError(text, f"syntax error: {exc.msg}") from None
+        return cls(text, _check(tree, text), tree)
+
+    def evaluate(self, env: Mapping[str, Any]) -> Any:
+        """Evaluate over ``env``; every free name must be bound."""
+        missing = self.names - env.keys()
+        if missing:
+            raise ExpressionError(self.source, f"unbound name(s): {', '.join(sorted(missing))}")
+        return _walk(self._tree.body, env)
+
+    def compile(
+        self, constants: Mapping[str, Any], positions: Mapping[str, int]
+    ) -> int | Callable[[Sequence[Any]], Any]:
+        """Bind ``constants`` now; return a constant, or a closure over positional args.
+
+        ``positions`` maps each runtime name to its index in the argument tuple the closure
+        receives. The result does no parsing and no name lookups when called.
+        """
+        unbound = self.names - constants.keys() - positions.keys()
+        if unbound:
+            raise ExpressionError(self.source, f"unbound name(s): {', '.join(sorted(unbound))}")
+        return _closure(self._tree.body, constants, positions)
+
+    def __str__(self) -> str:
+        return self.source

@@ -1,0 +1,135 @@
+"""Read a SQLite registry with the stdlib, read-only: the variant index and artifact bytes.
+
+The schema is defined by the registry's SQLAlchemy models; this module reads the few columns
+a serving process needs and checks the schema version first, so a registry written by newer
+or older code fails here with a clear message instead of a confusing SQL error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._abi import Arg
+from ._geometry import Geometry
+from .errors import IntegrityError, RegistryFormatError
+
+__all__ = ["READABLE_SCHEMA", "IndexEntry", "RegistryIndex"]
+
+# The registry schema versions this loader reads. The registry package's SCHEMA_VERSION must
+# be among them; a test keeps the two in step.
+READABLE_SCHEMA = (1,)
+
+_QUERY = """
+SELECT c.key, v.family, v.abi, v.arch, v.params_json, v.artifact_sha256,
+       k.symbol, k.args_json, k.launch_json, s.path
+FROM current_variants AS c
+JOIN variants AS v ON v.id = c.variant_id
+JOIN kernels AS k ON k.variant_id = v.id
+LEFT JOIN specs AS s ON s.hash = v.spec_hash
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """What the loader knows of one variant before loading it."""
+
+    key: str
+    family: str
+    abi: int
+    arch: str
+    params: Mapping[str, Any]
+    artifact_sha256: str
+    symbol: str
+    args: tuple[Arg, ...]
+    geometry: Geometry
+    spec_path: str | None
+
+
+class RegistryIndex:
+    """An open, read-only registry file: its variant index and a way to read blobs."""
+
+    def __init__(self, path: str | Path, *, immutable: bool = False) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise RegistryFormatError(
+                f"registry {self.path} does not exist. Build one with "
+                f"`b12x-compile specs/ --registry {self.path}` or export one with "
+                "`b12x-registry export`."
+            )
+        mode = "ro&immutable=1" if immutable else "ro"
+        uri = f"{self.path.resolve().as_uri()}?mode={mode}"
+        try:
+            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False)
+            meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.DatabaseError as exc:
+            raise RegistryFormatError(
+                f"{self.path} is not a b12x-aot registry ({exc}). Point the loader at a file "
+                "written by b12x-compile or b12x-registry export."
+            ) from None
+        version = int(meta.get("schema_version", "0"))
+        if version not in READABLE_SCHEMA:
+            newer = version > max(READABLE_SCHEMA)
+            raise RegistryFormatError(
+                f"{self.path} has registry schema {version}; this loader reads "
+                f"{', '.join(map(str, READABLE_SCHEMA))}. "
+                + (
+                    "Upgrade b12x-aot in the serving image."
+                    if newer
+                    else f"Run `b12x-registry migrate --registry {self.path}`."
+                )
+            )
+        blob_dir = meta.get("blob_dir")
+        self._blob_dir = (self.path.parent / blob_dir) if blob_dir else None
+        self.entries: dict[str, IndexEntry] = {}
+        for row in self._db.execute(_QUERY):
+            key, family, abi, arch, params, sha, symbol, args, launch, spec_path = row
+            self.entries[key] = IndexEntry(
+                key=key,
+                family=family,
+                abi=int(abi),
+                arch=arch,
+                params=json.loads(params),
+                artifact_sha256=sha,
+                symbol=symbol,
+                args=tuple(Arg.from_json(a) for a in json.loads(args)),
+                geometry=Geometry.from_json(json.loads(launch)),
+                spec_path=spec_path,
+            )
+
+    def read_artifact(self, entry: IndexEntry) -> bytes:
+        """The artifact's bytes, verified against its sha256 before anyone sees them."""
+        row = self._db.execute(
+            "SELECT data FROM artifacts WHERE sha256 = ?", (entry.artifact_sha256,)
+        ).fetchone()
+        if row is None:
+            raise RegistryFormatError(
+                f"{self.path}: artifact {entry.artifact_sha256[:16]} of variant {entry.key[:16]} is "
+                "missing. Run `b12x-registry verify` and rebuild with b12x-compile."
+            )
+        data = row[0]
+        if data is None:
+            if self._blob_dir is None:
+                raise RegistryFormatError(f"{self.path}: artifact {entry.artifact_sha256[:16]} has no bytes")
+            sha = entry.artifact_sha256
+            blob = self._blob_dir / sha[:2] / sha
+            try:
+                data = blob.read_bytes()
+            except OSError as exc:
+                raise RegistryFormatError(
+                    f"{self.path}: blob {blob} is unreadable ({exc.strerror}); the blob directory "
+                    "must travel with the registry, or export a self-contained file."
+                ) from None
+        data = bytes(data)
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != entry.artifact_sha256:
+            raise IntegrityError(entry.key, entry.artifact_sha256, actual)
+        return data
+
+    def close(self) -> None:
+        self._db.close()

@@ -1,0 +1,143 @@
+"""Manifests: the variants a deployment needs, as families, param sets or ranges, and archs.
+
+A manifest is a mapping (parsed from YAML or JSON by the caller) of the form::
+
+    variants:
+      - family: moe.topk_sum
+        abi: 1
+        archs: [sm_90a]                  # optional: all archs (export) / the device's (require)
+        params:
+          element: bf16                  # one value
+          output: [fp32, bf16]           # any of these values
+          hidden: {min: 2048, max: 7168} # every built value in the range (export only)
+
+``Registry.require`` and ``b12x-registry export`` read the same records.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ManifestError
+
+__all__ = ["Manifest", "ParamRange", "Requirement"]
+
+Value = int | str | bool
+
+
+@dataclass(frozen=True, slots=True)
+class ParamRange:
+    """An inclusive integer range of a param."""
+
+    lo: int | None
+    hi: int | None
+
+    def __contains__(self, value: object) -> bool:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return False
+        return (self.lo is None or value >= self.lo) and (self.hi is None or value <= self.hi)
+
+    def __str__(self) -> str:
+        return f"{self.lo if self.lo is not None else ''}..{self.hi if self.hi is not None else ''}"
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """One manifest entry: a family at one ABI, over param values and ranges."""
+
+    family: str
+    abi: int
+    archs: tuple[str, ...] | None
+    params: tuple[tuple[str, tuple[Value, ...] | ParamRange], ...]
+
+    @property
+    def is_exact(self) -> bool:
+        return not any(isinstance(m, ParamRange) for _, m in self.params)
+
+    def combinations(self) -> Iterator[dict[str, Value]]:
+        """Every exact param set this entry names. Ranges cannot be enumerated."""
+        if not self.is_exact:
+            ranged = [n for n, m in self.params if isinstance(m, ParamRange)]
+            raise ManifestError(
+                f"{self.family}: params {', '.join(ranged)} are ranges; only explicit values "
+                "can be required (ranges are for export, which matches them against a registry)"
+            )
+        names = [n for n, _ in self.params]
+        for values in itertools.product(*(m for _, m in self.params)):  # type: ignore[misc]
+            yield dict(zip(names, values, strict=True))
+
+    def matches(self, family: str, abi: int, arch: str, params: Mapping[str, Any]) -> bool:
+        if family != self.family or abi != self.abi:
+            return False
+        if self.archs is not None and arch not in self.archs:
+            return False
+        return all(name in params and params[name] in match for name, match in self.params)
+
+    def describe(self) -> str:
+        parts = []
+        for name, match in self.params:
+            shown = str(match) if isinstance(match, ParamRange) else "|".join(map(str, match))
+            parts.append(f"{name}={shown}")
+        archs = ",".join(self.archs) if self.archs else "any arch"
+        return f"{self.family} abi={self.abi} [{archs}] " + " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    requirements: tuple[Requirement, ...]
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> Manifest:
+        """Parse a manifest mapping; raise :class:`ManifestError` naming the bad entry."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("variants"), Sequence):
+            raise ManifestError("a manifest is a mapping with a 'variants' list")
+        reqs = [_requirement(i, entry) for i, entry in enumerate(data["variants"])]
+        if not reqs:
+            raise ManifestError("the manifest's 'variants' list is empty")
+        return cls(tuple(reqs))
+
+
+def _requirement(index: int, entry: Any) -> Requirement:
+    where = f"variants[{index}]"
+    if not isinstance(entry, Mapping):
+        raise ManifestError(f"{where}: must be a mapping (got {entry!r})")
+    unknown = set(entry) - {"family", "abi", "archs", "params"}
+    if unknown:
+        raise ManifestError(f"{where}: unknown keys {sorted(unknown)}; allowed: family, abi, archs, params")
+    family, abi = entry.get("family"), entry.get("abi")
+    if not isinstance(family, str):
+        raise ManifestError(f"{where}.family: must be a string (got {family!r})")
+    if isinstance(abi, bool) or not isinstance(abi, int):
+        raise ManifestError(f"{where}.abi: must be an integer (got {abi!r})")
+    archs = entry.get("archs")
+    if archs is not None:
+        if isinstance(archs, str):
+            archs = [archs]
+        if not all(isinstance(a, str) for a in archs):
+            raise ManifestError(f"{where}.archs: must be a list of arch names (got {archs!r})")
+        archs = tuple(archs)
+    params_in = entry.get("params") or {}
+    if not isinstance(params_in, Mapping):
+        raise ManifestError(f"{where}.params: must be a mapping (got {params_in!r})")
+    params: list[tuple[str, tuple[Value, ...] | ParamRange]] = []
+    for name, raw in params_in.items():
+        params.append((str(name), _match(f"{where}.params.{name}", raw)))
+    return Requirement(family, abi, archs, tuple(params))
+
+
+def _match(where: str, raw: Any) -> tuple[Value, ...] | ParamRange:
+    if isinstance(raw, Mapping):
+        if set(raw) - {"min", "max"} or not raw:
+            raise ManifestError(f"{where}: a range is {{min: N, max: M}} (got {dict(raw)!r})")
+        lo, hi = raw.get("min"), raw.get("max")
+        for bound in (lo, hi):
+            if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int)):
+                raise ManifestError(f"{where}: range bounds must be integers (got {bound!r})")
+        return ParamRange(lo, hi)
+    values = raw if isinstance(raw, list | tuple) else [raw]
+    if not values or not all(isinstance(v, int | str | bool) for v in values):
+        raise ManifestError(f"{where}: values must be ints, strings or bools (got {raw!r})")
+    return tuple(values)

@@ -1,0 +1,305 @@
+"""The serving-side registry: resolve, verify, load, and hand out prepared launches.
+
+Open once at startup, resolve and preload every variant the process needs, then launch. A
+resolve is an in-memory lookup; a load is sha256 verification, ``cuLibraryLoadData`` and
+``cuLibraryGetKernel``; per-device function handles come from ``cuKernelGetFunction`` with the
+dynamic shared memory limit raised once. Loads and misses refuse to run while the stream is
+capturing a CUDA graph, and libraries stay loaded until :meth:`Registry.close`.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cuda.bindings import driver as cu
+
+from ._cuda import check, current_device, device_arch, ensure_init, stream_is_capturing
+from ._geometry import StaticGeometry
+from ._index import IndexEntry, RegistryIndex
+from ._keys import canonical_params, variant_key
+from ._launch import PreparedLaunch
+from ._manifest import Manifest
+from .errors import CaptureError, Miss, RequirementError, VariantMissError
+
+__all__ = ["Kernel", "LoadStats", "Registry"]
+
+
+@dataclass(slots=True)
+class LoadStats:
+    """Counters of the loader's work, for tests and startup logs."""
+
+    resolves: int = 0
+    misses: int = 0
+    loads: int = 0  # cuLibraryLoadData calls
+    functions: int = 0  # cuKernelGetFunction calls
+
+
+class Kernel:
+    """A loaded variant. Built only by :meth:`Registry.kernel`; launch it via :meth:`prepare`."""
+
+    __slots__ = ("_functions", "_handle", "_library", "_lock", "_registry", "entry", "name", "static")
+
+    def __init__(self, registry: Registry, entry: IndexEntry, library: Any, handle: Any) -> None:
+        self._registry = registry
+        self.entry = entry
+        self._library = library
+        self._handle = handle
+        self._functions: dict[int, Any] = {}
+        self._lock = threading.Lock()
+        self.static: StaticGeometry = entry.geometry.bind_static(entry.params)
+        params = ",".join(f"{k}={v}" for k, v in sorted(entry.params.items()))
+        self.name = f"{entry.family}[{params}]@{entry.arch}"
+
+    @property
+    def key(self) -> str:
+        return self.entry.key
+
+    def function(self, device: int) -> Any:
+        """The ``CUfunction`` of this kernel on ``device``, created once per device."""
+        fn = self._functions.get(device)
+        if fn is None:
+            with self._lock:
+                fn = self._functions.get(device)
+                if fn is None:
+                    fn = self._registry._make_function(self, device)
+                    self._functions[device] = fn
+        return fn
+
+    def prepare(self, *, device: int | None = None, stream: Any = None) -> PreparedLaunch:
+        """Bind this kernel to ``device`` (default: the current one) for fast launches.
+
+        ``stream`` fixes the launch stream; by default each launch uses torch's current
+        stream when torch is imported, else the legacy default stream.
+        """
+        if device is None:
+            device = current_device()
+        return PreparedLaunch(self, device, self.function(device), stream)
+
+    def __repr__(self) -> str:
+        return f"<Kernel {self.name} key={self.key[:12]}>"
+
+
+class Registry:
+    """A registry file opened for serving. Thread-safe; close it (or use ``with``) at exit."""
+
+    def __init__(self, index: RegistryIndex) -> None:
+        self._index = index
+        self._kernels: dict[str, Kernel] = {}
+        self._contexts: dict[int, Any] = {}
+        self._arch: dict[int, str] = {}
+        self._lock = threading.RLock()
+        self.stats = LoadStats()
+        self._by_family: dict[tuple[str, int, str], dict[str, IndexEntry]] = {}
+        for entry in index.entries.values():
+            self._by_family.setdefault((entry.family, entry.abi, entry.arch), {})[entry.key] = entry
+
+    @classmethod
+    def open(cls, path: str | Path, *, immutable: bool = False) -> Registry:
+        """Open a registry file read-only and read its index. Makes no driver call.
+
+        ``immutable=True`` tells SQLite the file cannot change (a baked serving image), which
+        skips locking entirely.
+        """
+        return cls(RegistryIndex(path, immutable=immutable))
+
+    @property
+    def path(self) -> Path:
+        return self._index.path
+
+    def __enter__(self) -> Registry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return len(self._index.entries)
+
+    def entries(self) -> list[IndexEntry]:
+        return list(self._index.entries.values())
+
+    # --- resolution (no driver) ------------------------------------------------------------
+
+    def arch(self, device: int) -> str:
+        arch = self._arch.get(device)
+        if arch is None:
+            arch = self._arch[device] = device_arch(device)
+        return arch
+
+    def resolve(self, family: str, abi: int, *, arch: str, **params: Any) -> IndexEntry:
+        """Find a variant by family, ABI, arch and params. Raises :class:`VariantMissError`."""
+        self.stats.resolves += 1
+        key = variant_key(family=family, abi=abi, arch=arch, params=params)
+        entry = self._index.entries.get(key)
+        if entry is None:
+            self.stats.misses += 1
+            raise VariantMissError(str(self.path), self._miss(family, abi, arch, params, key))
+        return entry
+
+    def _miss(self, family: str, abi: int, arch: str, params: Mapping[str, Any], key: str) -> Miss:
+        import difflib  # error path only
+
+        canonical_params(params)
+        same = self._by_family.get((family, abi, arch), {})
+        spec_path = next((e.spec_path for e in self._index.entries.values() if e.family == family), None)
+        hint = ""
+        if not same:
+            families = sorted({(e.family, e.abi) for e in self._index.entries.values()})
+            here = sorted(
+                {e.arch for e in self._index.entries.values() if e.family == family and e.abi == abi}
+            )
+            abis = sorted({e.abi for e in self._index.entries.values() if e.family == family})
+            if here:
+                hint = f"{family} abi={abi} is built only for {', '.join(here)}"
+            elif abis:
+                hint = f"{family} is built only at abi {', '.join(map(str, abis))}"
+            else:
+                shown = ", ".join(f"{f} abi={a}" for f, a in families) or "(none)"
+                hint = f"no variant of {family} at all; families present: {shown}"
+        else:
+            names = set().union(*(e.params.keys() for e in same.values()))
+            if names != set(params):
+                hint = f"{family} params are {', '.join(sorted(names))} (got {', '.join(sorted(params))})"
+        rendered = {k: _render(e.params) for k, e in same.items()}
+        nearest = difflib.get_close_matches(_render(params), list(rendered.values()), n=3, cutoff=0.0)
+        by_text = {v: same[k].params for k, v in rendered.items()}
+        return Miss(
+            family=family,
+            abi=abi,
+            arch=arch,
+            params=dict(params),
+            key=key,
+            nearest=tuple(by_text[t] for t in nearest),
+            spec_path=spec_path,
+            hint=hint,
+        )
+
+    # --- loading -----------------------------------------------------------------------------
+
+    def kernel(
+        self, family: str, abi: int, *, device: int | None = None, stream: Any = None, **params: Any
+    ) -> Kernel:
+        """Resolve, verify and load a variant for ``device`` (default: the current device).
+
+        A variant loaded before is returned at once with no driver call, so this is safe inside
+        graph capture for preloaded variants. A miss or a first load while ``stream`` (default:
+        torch's current stream) is capturing raises :class:`CaptureError` before any driver
+        work that could invalidate the capture.
+        """
+        if device is None:
+            device = current_device()
+        arch = self.arch(device)
+        try:
+            entry = self.resolve(family, abi, arch=arch, **params)
+        except VariantMissError as miss:
+            if self._capturing(device, stream):
+                raise CaptureError(f"a registry miss ({miss.miss.describe(str(self.path))})") from miss
+            raise
+        kernel = self._kernels.get(entry.key)
+        if kernel is None:
+            kernel = self._load(entry, device, stream)
+        if device not in kernel._functions:
+            if self._capturing(device, stream):
+                raise CaptureError(f"creating the device-{device} function of {kernel.name}")
+            kernel.function(device)
+        return kernel
+
+    def preload(
+        self, manifest: Manifest | Mapping[str, Any], *, devices: Iterable[int] | None = None
+    ) -> list[Kernel]:
+        """Load every variant a manifest names on each device; report all misses at once."""
+        manifest = manifest if isinstance(manifest, Manifest) else Manifest.from_mapping(manifest)
+        devices = list(devices) if devices is not None else [current_device()]
+        kernels: list[Kernel] = []
+        for device in devices:
+            self.require(manifest, device=device)
+            for req in manifest.requirements:
+                for params in req.combinations():
+                    kernels.append(self.kernel(req.family, req.abi, device=device, **params))
+        return kernels
+
+    def require(self, manifest: Manifest | Mapping[str, Any], *, device: int | None = None) -> None:
+        """Check that every variant the manifest names exists for the device's arch.
+
+        Loads nothing. Raises :class:`RequirementError` listing every missing variant, each
+        with its nearest neighbours and the command that builds it.
+        """
+        manifest = manifest if isinstance(manifest, Manifest) else Manifest.from_mapping(manifest)
+        arch = self.arch(current_device() if device is None else device)
+        misses: list[Miss] = []
+        for req in manifest.requirements:
+            if req.archs is not None and arch not in req.archs:
+                continue
+            for params in req.combinations():
+                try:
+                    self.resolve(req.family, req.abi, arch=arch, **params)
+                except VariantMissError as err:
+                    misses.append(err.miss)
+        if misses:
+            raise RequirementError(str(self.path), misses)
+
+    def _capturing(self, device: int, stream: Any) -> bool:
+        if stream is None:
+            torch = sys.modules.get("torch")
+            if torch is None or not torch.cuda.is_initialized():
+                return False
+            stream = torch._C._cuda_getCurrentRawStream(device)
+        return stream_is_capturing(int(stream))
+
+    def _load(self, entry: IndexEntry, device: int, stream: Any) -> Kernel:
+        with self._lock:
+            kernel = self._kernels.get(entry.key)
+            if kernel is not None:
+                return kernel
+            if self._capturing(device, stream):
+                raise CaptureError(f"loading {entry.family} variant {entry.key[:16]}")
+            data = self._index.read_artifact(entry)
+            ensure_init()
+            library = check(cu.cuLibraryLoadData(data, None, None, 0, None, None, 0), "cuLibraryLoadData")
+            self.stats.loads += 1
+            handle = check(cu.cuLibraryGetKernel(library, entry.symbol.encode()), "cuLibraryGetKernel")
+            kernel = Kernel(self, entry, library, handle)
+            self._kernels[entry.key] = kernel
+            return kernel
+
+    def _context(self, device: int) -> Any:
+        ctx = self._contexts.get(device)
+        if ctx is None:
+            dev = check(cu.cuDeviceGet(device), "cuDeviceGet")
+            ctx = self._contexts[device] = check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+        return ctx
+
+    def _make_function(self, kernel: Kernel, device: int) -> Any:
+        with self._lock:
+            check(cu.cuCtxPushCurrent(self._context(device)), "cuCtxPushCurrent")
+            try:
+                fn = check(cu.cuKernelGetFunction(kernel._handle), "cuKernelGetFunction")
+                self.stats.functions += 1
+                smem = kernel.static.smem
+                if smem > 0:
+                    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+                    check(cu.cuFuncSetAttribute(fn, attr, smem), "cuFuncSetAttribute")
+            finally:
+                check(cu.cuCtxPopCurrent(), "cuCtxPopCurrent")
+            return fn
+
+    def close(self) -> None:
+        """Unload every library and release the primary contexts this registry retained."""
+        with self._lock:
+            for kernel in self._kernels.values():
+                check(cu.cuLibraryUnload(kernel._library), "cuLibraryUnload")
+            self._kernels.clear()
+            for device in self._contexts:
+                dev = check(cu.cuDeviceGet(device), "cuDeviceGet")
+                check(cu.cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease")
+            self._contexts.clear()
+            self._index.close()
+
+
+def _render(params: Mapping[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(params.items()))

@@ -1,0 +1,157 @@
+"""Errors raised by the loader. Each says what failed, the bad value, and what to do next."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+__all__ = [
+    "CaptureError",
+    "CudaError",
+    "ExpressionError",
+    "IntegrityError",
+    "LaunchArgumentError",
+    "LoaderError",
+    "ManifestError",
+    "RegistryFormatError",
+    "RequirementError",
+    "VariantMissError",
+]
+
+
+class LoaderError(Exception):
+    """Base class of every error the loader raises."""
+
+    def format_message(self) -> str:
+        return str(self.args[0]) if self.args else type(self).__name__
+
+    def __str__(self) -> str:
+        return self.format_message()
+
+
+class ExpressionError(LoaderError, ValueError):
+    """An expression outside the whitelisted grammar, or one that cannot be evaluated."""
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__(source, reason)
+        self.source = source
+        self.reason = reason
+
+    def format_message(self) -> str:
+        return f"expression {self.source!r}: {self.reason}"
+
+
+class ManifestError(LoaderError, ValueError):
+    """A manifest that does not have the documented shape."""
+
+
+class RegistryFormatError(LoaderError):
+    """The registry file is missing, unreadable, or of a schema this loader does not read."""
+
+
+class IntegrityError(LoaderError):
+    """An artifact's bytes do not hash to the sha256 the registry records for them."""
+
+    def __init__(self, key: str, expected: str, actual: str) -> None:
+        super().__init__(key, expected, actual)
+        self.key, self.expected, self.actual = key, expected, actual
+
+    def format_message(self) -> str:
+        return (
+            f"artifact of variant {self.key[:16]} is corrupt: sha256 {self.actual[:16]}… "
+            f"(expected {self.expected[:16]}…). Run `b12x-registry verify` on the registry and "
+            "rebuild the variant with b12x-compile."
+        )
+
+
+class CaptureError(LoaderError):
+    """A load or a miss was attempted while the launch stream is capturing a CUDA graph."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+    def format_message(self) -> str:
+        return (
+            f"{self.what} while the current stream is capturing a CUDA graph. Nothing was sent to "
+            "the driver and the capture is intact. Preload every variant before capture: "
+            "call Registry.kernel(...) / Kernel.prepare() (or Registry.preload) at startup."
+        )
+
+
+class CudaError(LoaderError):
+    """A CUDA driver call returned an error."""
+
+    def __init__(self, call: str, code: int, name: str, meaning: str) -> None:
+        super().__init__(call, code, name, meaning)
+        self.call, self.code, self.name, self.meaning = call, code, name, meaning
+
+    def format_message(self) -> str:
+        return f"{self.call} failed: {self.name} ({self.code}): {self.meaning}"
+
+
+class LaunchArgumentError(LoaderError, ValueError):
+    """An argument passed to a checked launch violates the variant's declared ABI."""
+
+    def __init__(self, kernel: str, arg: str, problem: str, got: object) -> None:
+        super().__init__(kernel, arg, problem, got)
+        self.kernel, self.arg, self.problem, self.got = kernel, arg, problem, got
+
+    def format_message(self) -> str:
+        return f"{self.kernel}: argument {self.arg!r} {self.problem} (got {self.got})"
+
+
+@dataclass(frozen=True, slots=True)
+class Miss:
+    """One variant that a caller asked for and the registry does not hold."""
+
+    family: str
+    abi: int
+    arch: str
+    params: Mapping[str, object]
+    key: str
+    nearest: Sequence[Mapping[str, object]] = field(default_factory=tuple)
+    spec_path: str | None = None
+    hint: str = ""
+
+    def command(self, registry: str) -> str:
+        where = " ".join(f"--where {k}={v}" for k, v in sorted(self.params.items()))
+        spec = self.spec_path or "specs/"
+        return f"b12x-compile {spec} --registry {registry} --arch {self.arch} {where}"
+
+    def describe(self, registry: str) -> str:
+        params = ", ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
+        lines = [f"{self.family} abi={self.abi} {self.arch} [{params}] (key {self.key[:16]})"]
+        if self.hint:
+            lines.append(f"  {self.hint}")
+        if self.nearest:
+            lines.append("  nearest variants in the registry:")
+            for near in self.nearest:
+                lines.append("    " + ", ".join(f"{k}={v}" for k, v in sorted(near.items())))
+        if self.spec_path:
+            lines.append(f"  spec: {self.spec_path}")
+        lines.append(f"  build it: {self.command(registry)}")
+        return "\n".join(lines)
+
+
+class VariantMissError(LoaderError, LookupError):
+    """A requested variant is not in the registry. Names the nearest ones and the fix."""
+
+    def __init__(self, registry: str, miss: Miss) -> None:
+        super().__init__(registry, miss)
+        self.registry, self.miss = registry, miss
+
+    def format_message(self) -> str:
+        return f"no such variant in {self.registry}: " + self.miss.describe(self.registry)
+
+
+class RequirementError(LoaderError, LookupError):
+    """Registry.require found variants missing; it lists every one of them at once."""
+
+    def __init__(self, registry: str, misses: Sequence[Miss]) -> None:
+        super().__init__(registry, tuple(misses))
+        self.registry, self.misses = registry, tuple(misses)
+
+    def format_message(self) -> str:
+        body = "\n".join(f"- {m.describe(self.registry)}" for m in self.misses)
+        return f"{len(self.misses)} required variant(s) missing from {self.registry}:\n{body}"

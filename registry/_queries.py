@@ -1,0 +1,299 @@
+"""Read queries over a registry, shared by the planner and the audit commands.
+
+Queries live here, not on the models. Each returns plain frozen records.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, func, select
+
+from ._schema import Build, CurrentVariant, Failure, KernelRow, Source, SpecRow, Variant
+from ._schema import Toolchain as ToolchainRow
+from .errors import NoSuchVariant
+
+if TYPE_CHECKING:
+    from ._writer import Provenance
+
+__all__ = [
+    "FailureState",
+    "VariantRow",
+    "VariantState",
+    "builds",
+    "current_states",
+    "find_variant",
+    "latest_failures",
+    "provenance_of",
+    "variant_rows",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class VariantState:
+    """The hashes of the variant row a key currently serves."""
+
+    key: str
+    build_id: int
+    source_hash: str
+    spec_hash: str
+    toolchain_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class FailureState:
+    """The latest failure recorded for a key."""
+
+    key: str
+    build_id: int
+    kind: str
+    stage: str
+    reason: str
+    source_hash: str
+    spec_hash: str
+    toolchain_hash: str
+
+    def same_inputs(self, prov: Provenance) -> bool:
+        return (self.source_hash, self.spec_hash, self.toolchain_hash) == (
+            prov.source_hash,
+            prov.spec_hash,
+            prov.toolchain_hash,
+        )
+
+    def id_after(self, state: VariantState) -> bool:
+        return self.build_id > state.build_id
+
+
+def current_states(conn: Connection) -> dict[str, VariantState]:
+    rows = conn.execute(
+        select(
+            CurrentVariant.key,
+            Variant.build_id,
+            Variant.source_hash,
+            Variant.spec_hash,
+            Variant.toolchain_hash,
+        ).join(Variant, Variant.id == CurrentVariant.variant_id)
+    )
+    return {r[0]: VariantState(*r) for r in rows}
+
+
+def latest_failures(conn: Connection) -> dict[str, FailureState]:
+    latest = select(func.max(Failure.id)).group_by(Failure.key).scalar_subquery()
+    rows = conn.execute(
+        select(
+            Failure.key,
+            Failure.build_id,
+            Failure.kind,
+            Failure.stage,
+            Failure.reason,
+            Failure.source_hash,
+            Failure.spec_hash,
+            Failure.toolchain_hash,
+        ).where(Failure.id.in_(latest))
+    )
+    return {r[0]: FailureState(*r) for r in rows}
+
+
+@dataclass(frozen=True, slots=True)
+class VariantRow:
+    """A variant with its kernel's resources, as the audit commands show it."""
+
+    id: int
+    key: str
+    build_id: int
+    family: str
+    abi: int
+    arch: str
+    params: Mapping[str, Any]
+    source_hash: str
+    spec_hash: str
+    toolchain_hash: str
+    artifact_sha256: str
+    artifact_size: int | None
+    symbol: str
+    registers: int | None
+    spill_store_bytes: int | None
+    spill_load_bytes: int | None
+    frame_bytes: int
+    static_smem_bytes: int
+    dynamic_smem_bytes: int
+    max_threads: int | None
+    text_sha256: str
+    code_size: int
+    ptxas_version: str | None
+    classes: Mapping[str, int] | None
+    opcodes: Mapping[str, int] | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+
+
+def _variant_query() -> Any:
+    from ._schema import Artifact
+
+    return (
+        select(
+            Variant.id,
+            Variant.key,
+            Variant.build_id,
+            Variant.family,
+            Variant.abi,
+            Variant.arch,
+            Variant.params_json,
+            Variant.source_hash,
+            Variant.spec_hash,
+            Variant.toolchain_hash,
+            Variant.artifact_sha256,
+            Artifact.size,
+            KernelRow.symbol,
+            KernelRow.registers,
+            KernelRow.spill_store_bytes,
+            KernelRow.spill_load_bytes,
+            KernelRow.frame_bytes,
+            KernelRow.static_smem_bytes,
+            KernelRow.dynamic_smem_bytes,
+            KernelRow.max_threads,
+            KernelRow.text_sha256,
+            KernelRow.code_size,
+            KernelRow.ptxas_version,
+            KernelRow.sass_json,
+        )
+        .join(KernelRow, KernelRow.variant_id == Variant.id)
+        .join(Artifact, Artifact.sha256 == Variant.artifact_sha256, isouter=True)
+    )
+
+
+def _row(r: Any) -> VariantRow:
+    sass = json.loads(r.sass_json) if r.sass_json else None
+    return VariantRow(
+        id=r.id,
+        key=r.key,
+        build_id=r.build_id,
+        family=r.family,
+        abi=r.abi,
+        arch=r.arch,
+        params=json.loads(r.params_json),
+        source_hash=r.source_hash,
+        spec_hash=r.spec_hash,
+        toolchain_hash=r.toolchain_hash,
+        artifact_sha256=r.artifact_sha256,
+        artifact_size=r.size,
+        symbol=r.symbol,
+        registers=r.registers,
+        spill_store_bytes=r.spill_store_bytes,
+        spill_load_bytes=r.spill_load_bytes,
+        frame_bytes=r.frame_bytes,
+        static_smem_bytes=r.static_smem_bytes,
+        dynamic_smem_bytes=r.dynamic_smem_bytes,
+        max_threads=r.max_threads,
+        text_sha256=r.text_sha256,
+        code_size=r.code_size,
+        ptxas_version=r.ptxas_version,
+        classes=sass["classes"] if sass else None,
+        opcodes=sass["opcodes"] if sass else None,
+    )
+
+
+def variant_rows(conn: Connection, *, as_of_build: int | None = None) -> list[VariantRow]:
+    """The registry's variants: current ones, or as they stood after build ``as_of_build``.
+
+    "As of build B" is, for each key, its newest variant row built in a build ``<= B``.
+    """
+    if as_of_build is None:
+        query = _variant_query().join(CurrentVariant, CurrentVariant.variant_id == Variant.id)
+    else:
+        newest = (
+            select(func.max(Variant.id))
+            .where(Variant.build_id <= as_of_build)
+            .group_by(Variant.key)
+            .scalar_subquery()
+        )
+        query = _variant_query().where(Variant.id.in_(newest))
+    return [_row(r) for r in conn.execute(query.order_by(Variant.family, Variant.arch, Variant.key))]
+
+
+def find_variant(conn: Connection, key_or_prefix: str) -> VariantRow:
+    """The current variant whose key is, or starts with, ``key_or_prefix``."""
+    prefix = key_or_prefix.strip().lower()
+    if len(prefix) < 4:
+        raise NoSuchVariant(f"key prefix {prefix!r} is too short; give at least 4 hex digits")
+    query = (
+        _variant_query()
+        .join(CurrentVariant, CurrentVariant.variant_id == Variant.id)
+        .where(CurrentVariant.key.like(prefix + "%"))
+        .limit(6)
+    )
+    rows = [_row(r) for r in conn.execute(query)]
+    if not rows:
+        raise NoSuchVariant(f"no current variant has a key starting with {prefix!r}; try `b12x-registry ls`")
+    if len(rows) > 1:
+        shown = ", ".join(r.key[:16] for r in rows[:5])
+        raise NoSuchVariant(f"key prefix {prefix!r} is ambiguous ({shown}…); give more digits")
+    return rows[0]
+
+
+def provenance_of(conn: Connection, row: VariantRow) -> dict[str, Any]:
+    """Spec, source closure, toolchain and build behind a variant row."""
+    spec = conn.execute(
+        select(SpecRow.path, SpecRow.contract_json).where(SpecRow.hash == row.spec_hash)
+    ).first()
+    source = conn.execute(
+        select(Source.module, Source.files_json).where(Source.hash == row.source_hash)
+    ).first()
+    tool = conn.execute(
+        select(ToolchainRow.dsl_json, ToolchainRow.options).where(ToolchainRow.hash == row.toolchain_hash)
+    ).first()
+    build = conn.execute(
+        select(
+            Build.id, Build.started_at, Build.finished_at, Build.status, Build.host, Build.user, Build.command
+        ).where(Build.id == row.build_id)
+    ).first()
+    kernel = conn.execute(
+        select(
+            KernelRow.args_json,
+            KernelRow.launch_json,
+            KernelRow.param_table_json,
+            KernelRow.param_bytes,
+            KernelRow.min_stack_bytes,
+            KernelRow.max_stack_bytes,
+            KernelRow.const_bytes,
+            KernelRow.ptxas_flags,
+        ).where(KernelRow.variant_id == row.id)
+    ).one()
+    return {
+        "spec": {
+            "hash": row.spec_hash,
+            "path": spec.path if spec else None,
+            "contract": json.loads(spec.contract_json) if spec else None,
+        },
+        "source": {
+            "hash": row.source_hash,
+            "module": source.module if source else None,
+            "files": json.loads(source.files_json) if source else None,
+        },
+        "toolchain": {
+            "hash": row.toolchain_hash,
+            "dsl": dict(json.loads(tool.dsl_json)) if tool else None,
+            "options": tool.options if tool else None,
+        },
+        "build": dict(build._mapping) if build else None,
+        "kernel": {
+            "args": json.loads(kernel.args_json),
+            "launch": json.loads(kernel.launch_json),
+            "param_table": json.loads(kernel.param_table_json),
+            "param_bytes": kernel.param_bytes,
+            "min_stack_bytes": kernel.min_stack_bytes,
+            "max_stack_bytes": kernel.max_stack_bytes,
+            "const_bytes": kernel.const_bytes,
+            "ptxas_flags": kernel.ptxas_flags,
+        },
+    }
+
+
+def builds(conn: Connection) -> list[dict[str, Any]]:
+    cols = ("id", "started_at", "finished_at", "status", "host", "user", "shard", "command", "summary_json")
+    rows = conn.execute(select(*(getattr(Build, c) for c in cols)).order_by(Build.id)).mappings()
+    return [dict(r) for r in rows]

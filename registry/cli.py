@@ -1,0 +1,515 @@
+"""``b12x-registry``: audit a registry from the registry alone, with no GPU.
+
+Every command prints a rich table by default and JSON with ``--json``, and exits non-zero on
+failure: 1 when the audit found faults or regressions, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+from b12x_aot.loader import Manifest, ManifestError
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ._audit import FAIL_METRICS, diff, stale, verify
+from ._maintain import export, gc, migrate
+from ._queries import VariantRow, builds, find_variant, provenance_of, variant_rows
+from ._store import RegistryStore
+from .errors import RegistryError
+
+__all__ = ["main"]
+
+
+def _error(message: str) -> None:
+    """Print an error unwrapped, so file:line: field prefixes stay on one line."""
+    click.echo(click.style("error:", fg="red") + " " + message, err=True)
+
+
+_registry_option = click.option(
+    "--registry", "-r", required=True, help="Registry: a SQLite path or a SQLAlchemy URL."
+)
+_json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(type(value).__name__)
+
+
+def _emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=1, default=_default))
+
+
+def _fails(fn: Callable[..., None]) -> Callable[..., None]:
+    """Map registry and manifest errors to a message and an exit code."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        try:
+            fn(*args, **kwargs)
+        except RegistryError as exc:
+            _error(exc.format_message())
+            sys.exit(exc.exit_code)
+        except (ManifestError, FileExistsError) as exc:
+            _error(str(exc))
+            sys.exit(2)
+
+    return wrapper
+
+
+def _open(registry: str) -> RegistryStore:
+    return RegistryStore.open(registry)
+
+
+def _params(row: VariantRow) -> str:
+    return ",".join(f"{k}={v}" for k, v in row.params.items())
+
+
+def _manifest(path: str) -> Manifest:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ManifestError(f"cannot read manifest {path}: {exc}") from None
+    return Manifest.from_mapping(data)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Query and maintain a b12x-aot kernel registry."""
+
+
+@main.command("ls")
+@_registry_option
+@click.option("--family", help="Only this family.")
+@click.option("--arch", help="Only this arch.")
+@click.option("--abi", type=int, help="Only this ABI version.")
+@click.argument("filters", nargs=-1, metavar="[PARAM=VALUE]...")
+@_json_option
+@_fails
+def ls_(
+    registry: str,
+    family: str | None,
+    arch: str | None,
+    abi: int | None,
+    filters: Sequence[str],
+    as_json: bool,
+) -> None:
+    """List current variants with size, registers, spills and shared memory."""
+    wanted: dict[str, str] = {}
+    for item in filters:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise click.UsageError(f"filters are PARAM=VALUE (got {item!r})")
+        wanted[name] = value
+    store = _open(registry)
+    with store.read() as conn:
+        rows = variant_rows(conn)
+    rows = [
+        r
+        for r in rows
+        if (family is None or r.family == family)
+        and (arch is None or r.arch == arch)
+        and (abi is None or r.abi == abi)
+        and all(str(r.params.get(k)) == v for k, v in wanted.items())
+    ]
+    if as_json:
+        _emit_json([r.to_json() for r in rows])
+        return
+    table = Table(title=f"{len(rows)} variant(s) in {store.display}")
+    for col in ("key", "family", "abi", "arch", "params", "bytes", "regs", "spill B", "smem B", "build"):
+        table.add_column(
+            col, justify="right" if col in ("abi", "bytes", "regs", "spill B", "smem B", "build") else "left"
+        )
+    for r in rows:
+        spills = "?" if r.spill_store_bytes is None else str(r.spill_store_bytes + (r.spill_load_bytes or 0))
+        table.add_row(
+            r.key[:12],
+            r.family,
+            str(r.abi),
+            r.arch,
+            Text(_params(r)),
+            str(r.artifact_size),
+            str(r.registers),
+            spills,
+            str(r.static_smem_bytes + r.dynamic_smem_bytes),
+            str(r.build_id),
+        )
+    Console().print(table)
+
+
+@main.command()
+@_registry_option
+@click.argument("key")
+@_json_option
+@_fails
+def show(registry: str, key: str, as_json: bool) -> None:
+    """Full provenance of the variant whose key is, or starts with, KEY."""
+    store = _open(registry)
+    with store.read() as conn:
+        row = find_variant(conn, key)
+        prov = provenance_of(conn, row)
+    data = {"variant": row.to_json(), **prov}
+    if as_json:
+        _emit_json(data)
+        return
+    console = Console()
+    table = Table(title=f"{row.family} {_params(row)} @ {row.arch}", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    rows: list[tuple[str, Any]] = [
+        ("key", row.key),
+        ("abi", row.abi),
+        ("artifact", f"{row.artifact_sha256} ({row.artifact_size} B)"),
+        ("symbol", row.symbol),
+        ("spec", f"{prov['spec']['path']} (contract {row.spec_hash[:16]})"),
+        ("source", f"{prov['source']['module']} (closure {row.source_hash[:16]})"),
+        *[(f"  {m}", h) for m, h in prov["source"]["files"] or []],
+        ("toolchain", ", ".join(f"{k}=={v}" for k, v in (prov["toolchain"]["dsl"] or {}).items())),
+        ("compile options", prov["toolchain"]["options"]),
+        ("ptxas", f"{row.ptxas_version} {prov['kernel']['ptxas_flags'] or ''}"),
+        (
+            "build",
+            f"{prov['build']['id']} by {prov['build']['user']}@{prov['build']['host']} "
+            f"at {prov['build']['started_at']} ({prov['build']['status']})"
+            if prov["build"]
+            else "?",
+        ),
+        ("registers", row.registers),
+        ("spills (store/load B)", f"{row.spill_store_bytes}/{row.spill_load_bytes}"),
+        ("stack frame B", row.frame_bytes),
+        ("smem static/dynamic B", f"{row.static_smem_bytes}/{row.dynamic_smem_bytes}"),
+        ("max threads", row.max_threads),
+        (".text", f"{row.text_sha256} ({row.code_size} B)"),
+        ("param table", prov["kernel"]["param_table"]),
+        (
+            "args",
+            ", ".join(
+                f"{a['name']}:{a['kind']}" + (f"<{a['dtype']}>/{a['align']}" if a["kind"] == "ptr" else "")
+                for a in prov["kernel"]["args"]
+            ),
+        ),
+        ("launch", prov["kernel"]["launch"]),
+        ("SASS classes", row.classes if row.classes is not None else "unknown (no nvdisasm at build)"),
+    ]
+    for name, value in rows:
+        table.add_row(name, Text(str(value)))
+    console.print(table)
+
+
+def _side(spec: str, registry: str | None) -> tuple[str, list[VariantRow]]:
+    """A diff operand: a build id in --registry, or a registry path/URL (its current variants)."""
+    if spec.isdigit():
+        if registry is None:
+            raise click.UsageError(f"{spec!r} is a build id; give --registry to say where")
+        store = _open(registry)
+        with store.read() as conn:
+            known = {b["id"] for b in builds(conn)}
+            if int(spec) not in known:
+                raise click.UsageError(f"build {spec} is not in {store.display} (builds: {sorted(known)})")
+            return f"build {spec}", variant_rows(conn, as_of_build=int(spec))
+    store = _open(spec)
+    with store.read() as conn:
+        return store.display, variant_rows(conn)
+
+
+@main.command("diff")
+@click.argument("a")
+@click.argument("b")
+@click.option(
+    "--registry", "-r", default=None, help="The registry holding builds A and B (when they are build ids)."
+)
+@click.option(
+    "--fail-on",
+    default="",
+    metavar="METRICS",
+    help=f"Exit 1 if a shared variant got worse in any of: {','.join(FAIL_METRICS)}.",
+)
+@_json_option
+@_fails
+def diff_(a: str, b: str, registry: str | None, fail_on: str, as_json: bool) -> None:
+    """Compare two registries (paths/URLs) or two builds of one registry (ids, with --registry)."""
+    metrics = [m.strip() for m in fail_on.split(",") if m.strip()]
+    bad = [m for m in metrics if m not in FAIL_METRICS]
+    if bad:
+        raise click.UsageError(f"--fail-on takes {','.join(FAIL_METRICS)} (got {','.join(bad)})")
+    name_a, rows_a = _side(a, registry)
+    name_b, rows_b = _side(b, registry)
+    report = diff(rows_a, rows_b)
+    regressions = report.regressions(metrics)
+    if as_json:
+        _emit_json(
+            {
+                "a": name_a,
+                "b": name_b,
+                **report.to_json(),
+                "regressions": [{"key": c.key, "variant": c.label, "worse": w} for c, w in regressions],
+            }
+        )
+    else:
+        console = Console()
+        console.print(
+            f"{name_a} -> {name_b}: {len(report.added)} added, {len(report.removed)} removed, "
+            f"{len(report.changed)} changed, {report.identical} identical",
+            highlight=False,
+        )
+        for title, items in (("added", report.added), ("removed", report.removed)):
+            if items:
+                t = Table(title=title)
+                t.add_column("key")
+                t.add_column("variant", overflow="fold")
+                for r in items:
+                    t.add_row(r.key[:12], Text(f"{r.family}[{_params(r)}]@{r.arch}"))
+                console.print(t)
+        if report.changed:
+            t = Table(title="changed")
+            for col in ("variant", "artifact", ".text", "deltas (a -> b)", "SASS classes (b - a)"):
+                t.add_column(col, overflow="fold")
+            for c in report.changed:
+                deltas = ", ".join(f"{k} {x}->{y}" for k, (x, y) in c.deltas.items())
+                classes = ", ".join(f"{k} {d:+d}" for k, d in c.class_deltas.items())
+                t.add_row(
+                    Text(c.label),
+                    "same" if c.artifact_equal else "differs",
+                    "same" if c.text_equal else "differs",
+                    deltas,
+                    classes,
+                )
+            console.print(t)
+        for c, worse in regressions:
+            console.print(f"[red]worse:[/] {c.label}: {'; '.join(worse)}", highlight=False)
+    if regressions:
+        sys.exit(1)
+
+
+@main.command("verify")
+@_registry_option
+@_json_option
+@_fails
+def verify_(registry: str, as_json: bool) -> None:
+    """Re-hash every blob; check each cubin's ELF arch, kernel symbol and .text hash."""
+    store = _open(registry)
+    with store.read() as conn:
+        rows = variant_rows(conn)
+    checked, faults = verify(store, rows)
+    if as_json:
+        _emit_json({"blobs": checked, "variants": len(rows), "faults": [f.to_json() for f in faults]})
+    else:
+        console = Console()
+        console.print(f"checked {checked} blob(s) and {len(rows)} variant(s): {len(faults)} fault(s)")
+        if faults:
+            t = Table(title="faults")
+            t.add_column("variant", overflow="fold")
+            t.add_column("key")
+            t.add_column("problem", overflow="fold")
+            for f in faults:
+                t.add_row(Text(f.what), (f.key or "")[:12], Text(f.problem))
+            console.print(t)
+    if faults:
+        sys.exit(1)
+
+
+@main.command("stale")
+@_registry_option
+@click.option(
+    "--specs",
+    "spec_paths",
+    multiple=True,
+    type=click.Path(exists=True),
+    help="Also compare spec contracts (files or dirs).",
+)
+@_json_option
+@_fails
+def stale_(registry: str, spec_paths: Sequence[str], as_json: bool) -> None:
+    """Variants whose source closure, toolchain (or spec) differs from this checkout."""
+    from b12x_aot.compiler._spec import load_specs
+    from b12x_aot.compiler._toolchain import current_toolchain
+    from b12x_aot.compiler.errors import CompilerError
+
+    try:
+        specs = load_specs(spec_paths) if spec_paths else []
+        toolchain = current_toolchain()
+    except CompilerError as exc:
+        _error(exc.format_message())
+        sys.exit(2)
+    store = _open(registry)
+    with store.read() as conn:
+        rows = variant_rows(conn)
+    found = stale(store, rows, toolchain, specs)
+    if as_json:
+        _emit_json({"variants": len(rows), "stale": [s.to_json() for s in found]})
+        return
+    console = Console()
+    console.print(f"{len(found)} of {len(rows)} variant(s) stale")
+    if found:
+        t = Table()
+        t.add_column("key")
+        t.add_column("variant", overflow="fold")
+        t.add_column("reasons", overflow="fold")
+        for s in found:
+            t.add_row(
+                s.row.key[:12],
+                Text(f"{s.row.family}[{_params(s.row)}]@{s.row.arch}"),
+                Text("; ".join(s.reasons)),
+            )
+        console.print(t)
+
+
+@main.command("gc")
+@_registry_option
+@click.option(
+    "--keep",
+    "keep",
+    multiple=True,
+    type=click.Path(exists=True),
+    help="Keep only variants these manifests match (repeatable).",
+)
+@click.option(
+    "--prune-history", is_flag=True, help="Also delete variant rows of earlier builds that nothing serves."
+)
+@click.option("--dry-run", is_flag=True, help="Report what would be deleted; delete nothing.")
+@_json_option
+@_fails
+def gc_(registry: str, keep: Sequence[str], prune_history: bool, dry_run: bool, as_json: bool) -> None:
+    """Delete blobs and rows that no variant references (run with --dry-run first)."""
+    manifests = [_manifest(p) for p in keep]
+    store = _open(registry)
+    with store.read() as conn:
+        rows = variant_rows(conn)
+    report = gc(store, rows, keep=manifests, prune_history=prune_history, dry_run=dry_run)
+    if as_json:
+        _emit_json({"dry_run": dry_run, **report.to_json()})
+        return
+    verb = "would delete" if dry_run else "deleted"
+    Console().print(
+        f"{verb}: {len(report.uncurrent)} variant(s) outside the keep manifests, {report.variants} variant row(s), "
+        f"{report.artifacts} artifact(s) ({report.artifact_bytes} B), {report.blob_files} orphan blob file(s), "
+        f"{report.provenance} provenance row(s)",
+        highlight=False,
+    )
+
+
+@main.command("export")
+@_registry_option
+@click.option(
+    "--manifest",
+    "manifest_path",
+    required=True,
+    type=click.Path(exists=True),
+    help="YAML manifest of needed variants.",
+)
+@click.argument("out", type=click.Path())
+@_json_option
+@_fails
+def export_(registry: str, manifest_path: str, out: str, as_json: bool) -> None:
+    """Write a standalone SQLite registry OUT with just the manifest's variants."""
+    manifest = _manifest(manifest_path)
+    store = _open(registry)
+    with store.read() as conn:
+        rows = variant_rows(conn)
+    chosen = export(store, manifest, rows, out)
+    if as_json:
+        _emit_json({"out": out, "variants": [r.key for r in chosen]})
+    else:
+        Console().print(f"exported {len(chosen)} variant(s) to {out}")
+
+
+@main.command("migrate")
+@_registry_option
+@_fails
+def migrate_(registry: str) -> None:
+    """Upgrade a registry to this code's schema version."""
+    store = RegistryStore.open(registry, check_schema=False)
+    before, after = migrate(store)
+    Console().print(f"schema {before} -> {after}" if before != after else f"already at schema {after}")
+
+
+@main.command("builds")
+@_registry_option
+@_json_option
+@_fails
+def builds_(registry: str, as_json: bool) -> None:
+    """List builds: when, who, status, command."""
+    store = _open(registry)
+    with store.read() as conn:
+        rows = builds(conn)
+    if as_json:
+        _emit_json(rows)
+        return
+    t = Table(title="builds")
+    for col in ("id", "started_at", "status", "user", "host", "shard", "command"):
+        t.add_column(col, overflow="fold")
+    for b in rows:
+        t.add_row(
+            *(
+                Text(str(b[c] if b[c] is not None else ""))
+                for c in ("id", "started_at", "status", "user", "host", "shard", "command")
+            )
+        )
+    Console().print(t)
+
+
+@main.command("failures")
+@_registry_option
+@click.option(
+    "--log", "log_key", default=None, metavar="KEY", help="Print the full log of this key's latest failure."
+)
+@_json_option
+@_fails
+def failures_(registry: str, log_key: str | None, as_json: bool) -> None:
+    """Variants whose latest build attempt failed or was rejected, with the reason."""
+    from sqlalchemy import func, select
+
+    from ._schema import Failure
+
+    store = _open(registry)
+    with store.read() as conn:
+        latest = select(func.max(Failure.id)).group_by(Failure.key).scalar_subquery()
+        rows = conn.execute(
+            select(Failure.__table__).where(Failure.id.in_(latest)).order_by(Failure.family, Failure.key)
+        ).all()
+    if log_key:
+        match = [f for f in rows if f.key.startswith(log_key)]
+        if len(match) != 1:
+            raise click.UsageError(f"--log {log_key!r} matches {len(match)} failures")
+        click.echo(match[0].log or match[0].reason)
+        return
+    data = [
+        {
+            "key": f.key,
+            "family": f.family,
+            "arch": f.arch,
+            "params": json.loads(f.params_json),
+            "kind": f.kind,
+            "stage": f.stage,
+            "reason": f.reason,
+            "build_id": f.build_id,
+        }
+        for f in rows
+    ]
+    if as_json:
+        _emit_json(data)
+        return
+    t = Table(title=f"{len(data)} failure(s)")
+    for col in ("key", "variant", "kind", "stage", "reason"):
+        t.add_column(col, overflow="fold")
+    for d in data:
+        params = ",".join(f"{k}={v}" for k, v in d["params"].items())
+        t.add_row(
+            d["key"][:12],
+            Text(f"{d['family']}[{params}]@{d['arch']}"),
+            d["kind"],
+            d["stage"],
+            Text(d["reason"]),
+        )
+    Console().print(t)

@@ -1,0 +1,80 @@
+"""Errors raised by the registry. The CLI maps each class to an exit code."""
+
+from __future__ import annotations
+
+__all__ = [
+    "BlobError",
+    "ManifestUnsatisfied",
+    "NoSuchVariant",
+    "RegistryError",
+    "RegistryNotFound",
+    "SchemaMismatch",
+]
+
+
+class RegistryError(Exception):
+    """Base class of registry errors."""
+
+    exit_code = 1
+
+    def format_message(self) -> str:
+        return str(self.args[0]) if self.args else type(self).__name__
+
+    def __str__(self) -> str:
+        return self.format_message()
+
+
+class RegistryNotFound(RegistryError):
+    """The registry does not exist or cannot be reached."""
+
+    exit_code = 2
+
+
+class SchemaMismatch(RegistryError):
+    """The registry's schema version is not the one this code writes."""
+
+    exit_code = 2
+
+    def __init__(self, registry: str, found: int, expected: int) -> None:
+        super().__init__(registry, found, expected)
+        self.registry, self.found, self.expected = registry, found, expected
+
+    def format_message(self) -> str:
+        if self.found > self.expected:
+            return (
+                f"registry {self.registry} has schema version {self.found}, newer than this "
+                f"b12x-aot's {self.expected}. Upgrade b12x-aot; never write to it with older code."
+            )
+        return (
+            f"registry {self.registry} has schema version {self.found}; this b12x-aot uses "
+            f"{self.expected}. Run `b12x-registry migrate --registry {self.registry}` first."
+        )
+
+
+class BlobError(RegistryError):
+    """An artifact's bytes are missing or do not match their sha256."""
+
+    def __init__(self, sha256: str, problem: str) -> None:
+        super().__init__(sha256, problem)
+        self.sha256, self.problem = sha256, problem
+
+    def format_message(self) -> str:
+        return f"artifact {self.sha256[:16]}: {self.problem}"
+
+
+class NoSuchVariant(RegistryError):
+    """A key or key prefix matched no variant, or more than one."""
+
+    exit_code = 2
+
+
+class ManifestUnsatisfied(RegistryError):
+    """Export found manifest entries that no variant in the registry satisfies."""
+
+    def __init__(self, missing: list[str]) -> None:
+        super().__init__(missing)
+        self.missing = missing
+
+    def format_message(self) -> str:
+        rows = "\n".join(f"- {m}" for m in self.missing)
+        return f"{len(self.missing)} manifest entr{'y' if len(self.missing) == 1 else 'ies'} matched nothing:\n{rows}"

@@ -1,0 +1,99 @@
+"""Real offline compiles with the CuTe DSL, for all three archs, on a machine with no GPU."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from b12x_aot.compiler._cubin import inspect_cubin
+from b12x_aot.loader import ParamLayout
+from b12x_aot.loader._index import RegistryIndex
+
+from ..conftest import TOPK_SMALL, run_compile, write_spec
+
+pytestmark = pytest.mark.dsl
+
+
+def test_builds_all_three_archs(built_registry: Path) -> None:
+    index = RegistryIndex(built_registry)
+    entries = list(index.entries.values())
+    assert {e.arch for e in entries} == {"sm_90a", "sm_100a", "sm_120a"}
+    assert len(entries) == 12  # 2 outputs x 2 CTA sizes x 3 archs
+    sm = {"sm_90a": 90, "sm_100a": 100, "sm_120a": 120}
+    for entry in entries:
+        cubin = index.read_artifact(entry)
+        info = inspect_cubin(cubin)
+        assert info.sm == sm[entry.arch]
+        assert info.ptxas_version and info.ptxas_version.startswith("13.")
+        kernel = info.kernel(entry.symbol)
+        layout = ParamLayout.of(entry.args)
+        assert [(p.ordinal, p.offset, p.size) for p in kernel.params] == [
+            (i, o, s) for i, (o, s) in enumerate(zip(layout.offsets, layout.sizes, strict=True))
+        ]
+        assert kernel.max_threads == entry.params["cta_threads"]
+        assert kernel.registers and kernel.registers > 0
+
+
+def _compile_in_fresh_process(spec_dir: Path, arch: str) -> str:
+    code = (
+        "import sys, hashlib\n"
+        "from b12x_aot.compiler._driver import prepare_worker, compile_job, CompileJob\n"
+        "from b12x_aot.compiler._spec import load_spec\n"
+        "from b12x_aot.compiler._variants import expand\n"
+        f"prepare_worker({arch!r})\n"
+        f"spec = load_spec({str(spec_dir / 'topk_small.yaml')!r})\n"
+        f"v = expand(spec, archs=[{arch!r}])[0][0]\n"
+        "o = compile_job(CompileJob(v.key, v.label, v.arch, spec.kernel, v.params, v.args, spec.geometry.to_json(), spec.limits, '--keep-cubin --opt-level 3'))\n"
+        "assert o.status == 'ok', o.log\n"
+        "print(hashlib.sha256(o.cubin).hexdigest())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=600
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_two_compiles_give_identical_bytes(small_spec_dir: Path, built_registry: Path) -> None:
+    first = _compile_in_fresh_process(small_spec_dir, "sm_90a")
+    second = _compile_in_fresh_process(small_spec_dir, "sm_90a")
+    assert first == second
+    with sqlite3.connect(built_registry) as db:
+        recorded = {row[0] for row in db.execute("SELECT artifact_sha256 FROM variants")}
+    assert first in recorded  # and the build recorded those very bytes
+
+
+def test_wrong_args_fail_the_param_table_check(tmp_path: Path) -> None:
+    # The kernel takes num_tokens as Int32; a spec claiming i64 must not reach the registry.
+    text = TOPK_SMALL.replace("{name: num_tokens,  kind: i32}", "{name: num_tokens,  kind: i64}")
+    text = text.replace("output: [fp32, bf16]", "output: [fp32]").replace(
+        "cta_threads: [128, 256]", "cta_threads: [128]"
+    )
+    write_spec(tmp_path, "wrong.yaml", text)
+    db = tmp_path / "r.db"
+    proc = run_compile(
+        str(tmp_path / "wrong.yaml"), "--registry", str(db), "--arch", "sm_90a", "--json", check=False
+    )
+    assert proc.returncode == 1
+    summary = json.loads(proc.stdout)
+    (failure,) = summary["failed"]
+    assert failure["stage"] == "contract"
+    assert (
+        "argument 4 'num_tokens' (i64): spec wants offset 32 size 8, cubin has offset 32 size 4"
+        in failure["reason"]
+    )
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM current_variants").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM failures WHERE stage = 'contract'").fetchone()[0] == 1
+
+
+def test_compiles_differ_across_params(built_registry: Path) -> None:
+    with sqlite3.connect(built_registry) as db:
+        shas = [row[0] for row in db.execute("SELECT artifact_sha256 FROM variants")]
+        blobs = [bytes(row[0]) for row in db.execute("SELECT data FROM artifacts")]
+    assert len(set(shas)) == len(shas) == 12
+    assert all(hashlib.sha256(b).hexdigest() in shas for b in blobs)

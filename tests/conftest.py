@@ -1,0 +1,137 @@
+"""Shared fixtures. GPU tests are skipped at collection time when no CUDA device is present."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = ROOT / "specs"
+
+
+@functools.cache
+def gpu_count() -> int:
+    try:
+        from b12x_aot.loader._cuda import device_count
+
+        return device_count()
+    except Exception:
+        return 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    count = gpu_count()
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none is present")
+    skip_multi = pytest.mark.skip(reason=f"needs 2 CUDA GPUs; {count} present")
+    for item in items:
+        if "gpu" in item.keywords and count == 0:
+            item.add_marker(skip_gpu)
+        elif "multigpu" in item.keywords and count < 2:
+            item.add_marker(skip_multi)
+
+
+@pytest.fixture
+def cli() -> CliRunner:
+    return CliRunner()
+
+
+def run_compile(
+    *args: str, cwd: Path | None = None, check: bool = True, timeout: float = 1800
+) -> subprocess.CompletedProcess[str]:
+    """Run b12x-compile in a subprocess (its workers must be real processes)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "b12x_aot.compiler", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd or ROOT,
+        timeout=timeout,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"b12x-compile {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc
+
+
+def write_spec(directory: Path, name: str, text: str) -> Path:
+    path = directory / name
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+TOPK_SMALL = """
+family: moe.topk_sum
+abi: 1
+kernel: b12x_aot.kernels.topk_sum:TopKSum
+archs: [sm_90a, sm_100a, sm_120a]
+params:
+  element: [bf16]
+  output: [fp32, bf16]
+  topk: [2]
+  hidden: [2048]
+  cta_threads: [128, 256]
+constraints: ["hidden % (cta_threads * 8) == 0"]
+args:
+  - {name: out,         kind: ptr, dtype: "{output}",  align: 16, intent: out}
+  - {name: routed,      kind: ptr, dtype: "{element}", align: 16}
+  - {name: weights,     kind: ptr, dtype: fp32,        align: 4}
+  - {name: route_ids,   kind: ptr, dtype: i32,         align: 4}
+  - {name: num_tokens,  kind: i32}
+  - {name: num_experts, kind: i32}
+launch:
+  grid:  ["num_tokens", "cdiv(hidden, cta_threads * 8)", 1]
+  block: ["cta_threads", 1, 1]
+  smem: 0
+limits:
+  max_spill_bytes: 0
+"""
+
+
+@pytest.fixture(scope="session")
+def small_spec_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("specs")
+    write_spec(directory, "topk_small.yaml", TOPK_SMALL)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def built_registry(tmp_path_factory: pytest.TempPathFactory, small_spec_dir: Path) -> Path:
+    """A registry with 4 real topk_sum variants for each of sm_90a, sm_100a and sm_120a."""
+    db = tmp_path_factory.mktemp("registry") / "kernels.db"
+    run_compile(str(small_spec_dir), "--registry", str(db), "-j", "2")
+    return db
+
+
+@pytest.fixture
+def registry_copy(tmp_path: Path, built_registry: Path) -> Path:
+    """A private copy of the session registry that a test may change."""
+    target = tmp_path / "kernels.db"
+    shutil.copy(built_registry, target)
+    return target
+
+
+@pytest.fixture
+def env_without(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    def remove(*names: str) -> None:
+        for name in names:
+            monkeypatch.delenv(name, raising=False)
+
+    return remove
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    url = os.environ.get("B12X_TEST_POSTGRES_URL")
+    if not url:
+        pytest.skip("B12X_TEST_POSTGRES_URL is not set (CI starts a server and sets it)")
+    yield url

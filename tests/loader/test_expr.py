@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import pytest
+from b12x_aot.loader import Expr, ExpressionError, Geometry
+
+
+@pytest.mark.parametrize(
+    ("source", "env", "value"),
+    [
+        ("1 + 2 * 3", {}, 7),
+        ("hidden // (cta_threads * 8)", {"hidden": 7168, "cta_threads": 128}, 7),
+        ("cdiv(n, 128)", {"n": 129}, 2),
+        ("cdiv(n, 128)", {"n": 128}, 1),
+        ("min(a, b) + max(a, b)", {"a": 3, "b": 9}, 12),
+        ("sizeof(element) * 8", {"element": "bf16"}, 16),
+        ("x % 32 == 0 and x <= 1024", {"x": 256}, True),
+        ("e in ('bf16', 'fp16')", {"e": "fp32"}, False),
+        ("not (a < b < c)", {"a": 1, "b": 3, "c": 2}, True),
+        ("a if a > b else b", {"a": 1, "b": 5}, 5),
+        ("1 << k", {"k": 4}, 16),
+        (64, {}, 64),
+    ],
+)
+def test_evaluates(source: str | int, env: dict, value: object) -> None:
+    assert Expr.parse(source).evaluate(env) == value
+
+
+@pytest.mark.parametrize(
+    ("source", "fragment"),
+    [
+        ("a / b", "use // for integer division"),
+        ("__import__('os')", "only the functions"),
+        ("os.system", "Attribute is not allowed"),
+        ("x[0]", "Subscript is not allowed"),
+        ("lambda: 1", "Lambda is not allowed"),
+        ("[i for i in x]", "ListComp is not allowed"),
+        ("a ** 2", "Pow is not allowed"),
+        ("a is b", "comparison Is is not allowed"),
+        ("1.5 * a", "not an integer or string"),
+        ("min(a)", "takes 2..8 positional arguments"),
+        ("(", "syntax error"),
+        ("", "empty"),
+    ],
+)
+def test_rejects(source: str, fragment: str) -> None:
+    with pytest.raises(ExpressionError) as err:
+        Expr.parse(source)
+    assert fragment in str(err.value)
+
+
+def test_names_and_unbound() -> None:
+    expr = Expr.parse("cdiv(num_tokens * topk, block_m) + sizeof(element)")
+    assert expr.names == {"num_tokens", "topk", "block_m", "element"}
+    with pytest.raises(ExpressionError, match="unbound name"):
+        expr.evaluate({"num_tokens": 1})
+
+
+def test_compile_folds_constants_and_indexes_args() -> None:
+    expr = Expr.parse("cdiv(num_tokens, tile) * 2")
+    fn = expr.compile({"tile": 64}, {"num_tokens": 3})
+    assert callable(fn)
+    assert fn([0, 0, 0, 130]) == 6
+    assert Expr.parse("hidden // 8").compile({"hidden": 64}, {}) == 8
+    direct = Expr.parse("num_tokens").compile({}, {"num_tokens": 1})
+    assert direct(["ptr", 42]) == 42
+
+
+def test_compile_refuses_unbound() -> None:
+    with pytest.raises(ExpressionError, match="unbound"):
+        Expr.parse("a + b").compile({"a": 1}, {})
+
+
+def test_geometry_grid_closure_constant_and_dynamic() -> None:
+    geo = Geometry.parse(["num_tokens", "cdiv(hidden, cta_threads * 8)", 1], ["cta_threads", 1, 1], "0")
+    grid = geo.grid_closure({"hidden": 7168, "cta_threads": 128}, {"num_tokens": 4})
+    assert callable(grid)
+    assert grid([0, 0, 0, 0, 9, 1]) == (9, 7, 1)
+    static = Geometry.parse([2, 3, 4], [128, 1, 1], "cta * 4")
+    assert static.grid_closure({"cta": 1}, {}) == (2, 3, 4)
+    bound = static.bind_static({"cta": 64})
+    assert (bound.block, bound.smem, bound.threads) == ((128, 1, 1), 256, 128)
+
+
+def test_geometry_json_round_trip() -> None:
+    geo = Geometry.parse(["a", 1, 1], ["b", 1, 1], "a * b", ["1", "1", "1"])
+    assert Geometry.from_json(geo.to_json()) == geo
+
+
+def test_geometry_static_must_be_non_negative_int() -> None:
+    with pytest.raises(ExpressionError, match="must evaluate to an int >= 0"):
+        Geometry.parse([1, 1, 1], ["0 - t", 1, 1]).bind_static({"t": 4})
