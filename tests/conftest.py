@@ -135,3 +135,55 @@ def postgres_url() -> Iterator[str]:
     if not url:
         pytest.skip("B12X_TEST_POSTGRES_URL is not set (CI starts a server and sets it)")
     yield url
+
+
+# --- GPU fixtures ------------------------------------------------------------------------
+# B12X_TEST_REGISTRY: a registry compiled elsewhere (the GPU machine has no compiler); else
+# one is built here for the device's arch, which needs the CuTe DSL installed.
+TEST_REGISTRY_ENV = "B12X_TEST_REGISTRY"
+
+
+def _dsl_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("cutlass") is not None
+
+
+@pytest.fixture(scope="session")
+def device_arch() -> str:
+    from b12x_aot.loader._cuda import device_arch as arch_of_device
+
+    return arch_of_device(0)
+
+
+@pytest.fixture(scope="session")
+def gpu_registry_path(tmp_path_factory: pytest.TempPathFactory, device_arch: str) -> Path:
+    given = os.environ.get(TEST_REGISTRY_ENV)
+    if given:
+        return Path(given)
+    if not _dsl_available():
+        pytest.skip(f"set {TEST_REGISTRY_ENV} to a compiled registry (no CuTe DSL here to build one)")
+    db = tmp_path_factory.mktemp("gpu-registry") / "kernels.db"
+    run_compile(str(SPECS), "--registry", str(db), "--arch", device_arch)
+    return db
+
+
+@pytest.fixture(scope="session")
+def gpu_registry(gpu_registry_path: Path):
+    import torch  # GPU tests compare against torch references
+
+    from b12x_aot.loader import Registry
+
+    torch.cuda.init()
+    registry = Registry.open(gpu_registry_path)
+    yield registry
+    torch.cuda.synchronize()
+    registry.close()
+
+
+def family_variants(registry, family: str, arch: str) -> list:
+    """Every variant of ``family`` for ``arch`` in the registry, sorted by params."""
+    entries = [e for e in registry.entries() if e.family == family and e.arch == arch]
+    if not entries:
+        pytest.skip(f"the registry has no {family} variants for {arch}")
+    return sorted(entries, key=lambda e: sorted(e.params.items()))

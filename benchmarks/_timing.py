@@ -1,0 +1,74 @@
+"""Timing helpers shared by the benchmarks: host-side launch batches, CUDA-event device times."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["device_ms", "emit", "host_us_per_call", "ratio_table"]
+
+
+def host_us_per_call(
+    fn: Callable[[], Any], sync: Callable[[], Any], *, batch: int = 128, batches: int = 60, warmup: int = 5
+) -> dict[str, float]:
+    """Host microseconds per call: time ``batch`` calls, synchronize outside the timer.
+
+    Batches stay short enough (<= 256 launches) that the GPU queue never throttles the host.
+    Returns the median and the quartiles over ``batches`` batches.
+    """
+    samples: list[float] = []
+    for i in range(warmup + batches):
+        sync()
+        start = time.perf_counter()
+        for _ in range(batch):
+            fn()
+        elapsed = time.perf_counter() - start
+        sync()
+        if i >= warmup:
+            samples.append(elapsed / batch * 1e6)
+    q = statistics.quantiles(samples, n=4)
+    return {"median_us": statistics.median(samples), "p25_us": q[0], "p75_us": q[2]}
+
+
+def device_ms(fn: Callable[[], Any], *, reps: int = 50, warmup: int = 5) -> float:
+    """Median device milliseconds of ``fn`` measured with CUDA events, one event pair per rep."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def ratio_table(rows: Sequence[tuple[str, float]], *, unit: str, base: str) -> str:
+    """A plain-text table of values and their ratio to the row named ``base``."""
+    ref = dict(rows)[base]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{'path':<{width}}  {unit:>10}  {'x ' + base:>14}"]
+    for name, value in rows:
+        lines.append(f"{name:<{width}}  {value:>10.2f}  {value / ref:>14.2f}")
+    return "\n".join(lines)
+
+
+def emit(result: dict[str, Any], path: str | None) -> None:
+    """Write JSON to ``path`` (and say where), or to stdout."""
+    text = json.dumps(result, indent=1, default=str)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+        print(f"wrote {path}", file=sys.stderr)
+    else:
+        print(text)

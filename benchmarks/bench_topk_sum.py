@@ -1,0 +1,86 @@
+"""moe.topk_sum achieved bandwidth against a device-to-device copy measured in the same run.
+
+Bytes counted: routed rows read (M * topk * hidden * element size, all routes valid),
+weights and ids read, output written. Several input sets rotate so L2 never holds them.
+
+    python benchmarks/bench_topk_sum.py --registry build/kernels.db --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import device_ms, emit  # noqa: E402
+
+from b12x_aot.loader import Registry  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+NUM_EXPERTS = 256
+
+
+def copy_gbps(nbytes: int) -> float:
+    src = torch.empty(nbytes // 4, device="cuda", dtype=torch.float32).uniform_()
+    dst = torch.empty_like(src)
+    ms = device_ms(lambda: dst.copy_(src), reps=30)
+    return 2 * nbytes / ms / 1e6
+
+
+def run(registry: Registry, params: dict, m: int, sets: int = 3) -> dict:
+    launch = registry.kernel("moe.topk_sum", 1, **params).prepare()
+    topk, hidden = params["topk"], params["hidden"]
+    el, out_t = DTYPES[params["element"]], DTYPES[params["output"]]
+    inputs = []
+    for _ in range(sets):
+        routed = torch.randn(m, topk, hidden, device="cuda").to(el)
+        weights = torch.rand(m, topk, device="cuda")
+        ids = torch.randint(0, NUM_EXPERTS, (m, topk), device="cuda", dtype=torch.int32)
+        out = torch.empty(m, hidden, device="cuda", dtype=out_t)
+        inputs.append((out, routed, weights, ids))
+    it = iter(range(1 << 60))
+
+    def step() -> None:
+        out, routed, weights, ids = inputs[next(it) % sets]
+        launch(out, routed, weights, ids, m, NUM_EXPERTS)
+
+    ms = device_ms(step, reps=30)
+    nbytes = m * topk * hidden * el.itemsize + m * topk * 8 + m * hidden * out_t.itemsize
+    torch_ms = device_ms(lambda: (inputs[0][2][..., None] * inputs[0][1].float()).sum(1).to(out_t), reps=10)
+    return {"params": params, "m": m, "ms": ms, "gbps": nbytes / ms / 1e6, "torch_ms": torch_ms, "bytes": nbytes}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--registry", required=True)
+    parser.add_argument("--json", default=None)
+    opts = parser.parse_args()
+    torch.cuda.init()
+    registry = Registry.open(opts.registry)
+    copy = copy_gbps(1 << 30)
+    rows = []
+    for params, m in (
+        ({"element": "bf16", "output": "bf16", "topk": 8, "hidden": 7168, "cta_threads": 128}, 4096),
+        ({"element": "bf16", "output": "fp32", "topk": 8, "hidden": 7168, "cta_threads": 128}, 4096),
+        ({"element": "bf16", "output": "bf16", "topk": 8, "hidden": 4096, "cta_threads": 256}, 4096),
+        ({"element": "fp16", "output": "fp16", "topk": 4, "hidden": 2048, "cta_threads": 256}, 8192),
+        ({"element": "bf16", "output": "bf16", "topk": 8, "hidden": 7168, "cta_threads": 128}, 16),
+    ):
+        r = run(registry, params, m)
+        r["of_copy"] = r["gbps"] / copy
+        rows.append(r)
+        p = r["params"]
+        print(
+            f"{p['element']}->{p['output']} topk={p['topk']} hidden={p['hidden']} cta={p['cta_threads']} M={m}: "
+            f"{r['ms'] * 1e3:.1f} us, {r['gbps']:.0f} GB/s = {r['of_copy']:.0%} of copy ({copy:.0f} GB/s); "
+            f"torch {r['torch_ms'] * 1e3:.1f} us"
+        )
+    emit({"device": torch.cuda.get_device_name(), "copy_gbps": copy, "runs": rows}, opts.json)
+    registry.close()
+
+
+if __name__ == "__main__":
+    main()
