@@ -1,12 +1,13 @@
 """Source-closure hashes: a kernel module plus the project modules it imports, transitively.
 
 Found by reading import statements with :mod:`ast` and locating files on disk, never by
-importing, so planning loads no CuTe DSL. Only modules of this project (``b12x_aot.*``) belong
-to a closure; the DSL and the stdlib are covered by the toolchain fingerprint instead. The
-closure follows explicit imports only: a package ``__init__`` that re-exports names is not in
-it unless a module imports from the package itself. So kernel modules import what they need
-from its defining module. A module that cannot be found or read is an error, since leaving it
-out would make the hash lie.
+importing, so planning loads no CuTe DSL. A closure holds modules of this project
+(``b12x_aot.*``) and of the kernel module's own top-level package (kernels may live in a
+package of their own); the DSL and the stdlib are covered by the toolchain fingerprint
+instead. The closure follows explicit imports only: a package ``__init__`` that re-exports
+names is not in it unless a module imports from the package itself, so kernel modules import
+what they need from its defining module. A module that cannot be found or read is an error,
+since leaving it out would make the hash lie.
 """
 
 from __future__ import annotations
@@ -39,19 +40,22 @@ class SourceClosure:
 
 
 def _origin(module: str) -> Path | None:
-    """The source file of a project module, found on disk without importing it."""
+    """The source file of a module, found on disk without running any of its packages."""
     parts = module.split(".")
-    if len(parts) < 2 or parts[0] != PROJECT_PACKAGE:
+    # b12x_aot is a namespace mapped per subpackage; other packages are found at the top.
+    depth = 2 if parts[0] == PROJECT_PACKAGE else 1
+    if len(parts) < depth:
         return None
     try:
-        # Imports only the b12x_aot namespace; the subpackage's __init__ does not run.
-        spec = importlib.util.find_spec(".".join(parts[:2]))
+        spec = importlib.util.find_spec(".".join(parts[:depth]))
     except (ImportError, ValueError):
         return None
-    if spec is None or not spec.submodule_search_locations:
+    if spec is None:
         return None
+    if not spec.submodule_search_locations:  # a plain top-level module
+        return Path(spec.origin) if len(parts) == depth and spec.origin not in (None, "built-in", "frozen") else None
     path = Path(next(iter(spec.submodule_search_locations)))
-    for part in parts[2:]:
+    for part in parts[depth:]:
         path = path / part
     for candidate in (path.with_suffix(".py"), path / "__init__.py"):
         if candidate.is_file():
@@ -59,7 +63,7 @@ def _origin(module: str) -> Path | None:
     return None
 
 
-def _imports(module: str, path: Path, tree: ast.AST) -> set[str]:
+def _imports(module: str, path: Path, tree: ast.AST, roots: frozenset[str]) -> set[str]:
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -75,11 +79,12 @@ def _imports(module: str, path: Path, tree: ast.AST) -> set[str]:
             found.add(target)
             # "from pkg import name" may name a submodule.
             found.update(f"{target}.{alias.name}" for alias in node.names if alias.name != "*")
-    return {m for m in found if m == PROJECT_PACKAGE or m.startswith(PROJECT_PACKAGE + ".")}
+    return {m for m in found if m.split(".")[0] in roots}
 
 
 def source_closure(module: str) -> SourceClosure:
     """Hash ``module`` and every project module it imports. Raises :class:`ClosureError`."""
+    roots = frozenset({PROJECT_PACKAGE, module.split(".")[0]})
     seen: dict[str, str] = {}
     pending = [module]
     while pending:
@@ -105,5 +110,5 @@ def source_closure(module: str) -> SourceClosure:
         except SyntaxError as exc:
             raise ClosureError(f"{path}:{exc.lineno}: syntax error in module {name}: {exc.msg}") from None
         seen[name] = hashlib.sha256(source).hexdigest()
-        pending.extend(_imports(name, path, tree))
+        pending.extend(_imports(name, path, tree, roots))
     return SourceClosure(tuple(sorted(seen.items())))

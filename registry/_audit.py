@@ -28,7 +28,7 @@ from ._schema import Artifact, Source
 from ._store import RegistryStore
 from .errors import BlobError
 
-__all__ = ["FAIL_METRICS", "Change", "DiffReport", "Fault", "StaleVariant", "diff", "stale", "verify"]
+__all__ = ["FAIL_METRICS", "Change", "DiffReport", "Fault", "StaleVariant", "compare", "diff", "stale", "verify"]
 
 # --fail-on names -> how to read "worse" from a pair of rows.
 FAIL_METRICS = ("registers", "spills", "smem", "local")
@@ -40,6 +40,7 @@ def _label(row: VariantRow) -> str:
 
 
 def _metrics(row: VariantRow) -> dict[str, int | None]:
+    instructions = sum(row.opcodes.values()) if row.opcodes is not None else None
     spills = None
     if row.spill_store_bytes is not None and row.spill_load_bytes is not None:
         spills = row.spill_store_bytes + row.spill_load_bytes
@@ -49,6 +50,7 @@ def _metrics(row: VariantRow) -> dict[str, int | None]:
         "smem": row.static_smem_bytes + row.dynamic_smem_bytes,
         "local": row.frame_bytes,
         "code_size": row.code_size,
+        "instructions": instructions,
     }
 
 
@@ -60,6 +62,7 @@ class Change:
     text_equal: bool
     deltas: Mapping[str, tuple[int | None, int | None]]  # metric -> (a, b), changed ones only
     class_deltas: Mapping[str, int]  # SASS class -> b - a, nonzero only
+    opcode_deltas: Mapping[str, int] = field(default_factory=dict)  # SASS opcode -> b - a
 
     def worse(self, metrics: Iterable[str]) -> list[str]:
         out = []
@@ -77,6 +80,7 @@ class Change:
             "text_equal": self.text_equal,
             "deltas": {k: list(v) for k, v in self.deltas.items()},
             "class_deltas": dict(self.class_deltas),
+            "opcode_deltas": dict(self.opcode_deltas),
         }
 
 
@@ -99,6 +103,26 @@ class DiffReport:
         }
 
 
+def _counts_delta(a: Mapping[str, int] | None, b: Mapping[str, int] | None) -> dict[str, int]:
+    if a is None or b is None:
+        return {}
+    return {k: d for k in sorted(set(a) | set(b)) if (d := b.get(k, 0) - a.get(k, 0))}
+
+
+def compare(x: VariantRow, y: VariantRow, *, label: str | None = None) -> Change:
+    """How variant ``y`` differs from ``x`` (one key across builds, or any two variants)."""
+    mx, my = _metrics(x), _metrics(y)
+    return Change(
+        key=y.key,
+        label=label or _label(y),
+        artifact_equal=x.artifact_sha256 == y.artifact_sha256,
+        text_equal=x.text_sha256 == y.text_sha256,
+        deltas={m: (mx[m], my[m]) for m in mx if mx[m] != my[m]},
+        class_deltas=_counts_delta(x.classes, y.classes),
+        opcode_deltas=_counts_delta(x.opcodes, y.opcodes),
+    )
+
+
 def diff(a: Sequence[VariantRow], b: Sequence[VariantRow]) -> DiffReport:
     """Compare two sets of variants by key."""
     left = {r.key: r for r in a}
@@ -107,22 +131,11 @@ def diff(a: Sequence[VariantRow], b: Sequence[VariantRow]) -> DiffReport:
     report.added = [right[k] for k in sorted(right.keys() - left.keys())]
     report.removed = [left[k] for k in sorted(left.keys() - right.keys())]
     for key in sorted(left.keys() & right.keys()):
-        x, y = left[key], right[key]
-        mx, my = _metrics(x), _metrics(y)
-        deltas = {m: (mx[m], my[m]) for m in mx if mx[m] != my[m]}
-        classes = {}
-        if x.classes is not None and y.classes is not None:
-            for cls in sorted(set(x.classes) | set(y.classes)):
-                d = y.classes.get(cls, 0) - x.classes.get(cls, 0)
-                if d:
-                    classes[cls] = d
-        artifact_equal = x.artifact_sha256 == y.artifact_sha256
-        if artifact_equal and not deltas and not classes:
+        change = compare(left[key], right[key])
+        if change.artifact_equal and not change.deltas and not change.class_deltas:
             report.identical += 1
-            continue
-        report.changed.append(
-            Change(key, _label(y), artifact_equal, x.text_sha256 == y.text_sha256, deltas, classes)
-        )
+        else:
+            report.changed.append(change)
     return report
 
 

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ._audit import FAIL_METRICS, diff, stale, verify
+from ._audit import FAIL_METRICS, DiffReport, compare, diff, stale, verify
 from ._maintain import export, gc, migrate
 from ._queries import VariantRow, builds, find_variant, provenance_of, variant_rows
 from ._store import RegistryStore
@@ -74,6 +74,10 @@ def _open(registry: str) -> RegistryStore:
 
 def _params(row: VariantRow) -> str:
     return ",".join(f"{k}={v}" for k, v in row.params.items())
+
+
+def _label(row: VariantRow) -> str:
+    return f"{row.family}[{_params(row)}]@{row.arch}"
 
 
 def _manifest(path: str) -> Manifest:
@@ -207,8 +211,19 @@ def show(registry: str, key: str, as_json: bool) -> None:
     console.print(table)
 
 
-def _side(spec: str, registry: str | None) -> tuple[str, list[VariantRow]]:
-    """A diff operand: a build id in --registry, or a registry path/URL (its current variants)."""
+def _side(spec: str, registry: str | None) -> tuple[str, list[VariantRow], bool]:
+    """A diff operand: a build id or a variant key prefix in --registry, or a registry path/URL.
+
+    Returns its name, its variants, and whether it named a single variant.
+    """
+    is_location = "://" in spec or Path(spec).exists()
+    if not is_location and not spec.isdigit():
+        if registry is None:
+            raise click.UsageError(f"{spec!r} is neither a registry nor a build id; a variant key needs --registry")
+        store = _open(registry)
+        with store.read() as conn:
+            row = find_variant(conn, spec)
+        return f"variant {row.key[:12]}", [row], True
     if spec.isdigit():
         if registry is None:
             raise click.UsageError(f"{spec!r} is a build id; give --registry to say where")
@@ -217,10 +232,10 @@ def _side(spec: str, registry: str | None) -> tuple[str, list[VariantRow]]:
             known = {b["id"] for b in builds(conn)}
             if int(spec) not in known:
                 raise click.UsageError(f"build {spec} is not in {store.display} (builds: {sorted(known)})")
-            return f"build {spec}", variant_rows(conn, as_of_build=int(spec))
+            return f"build {spec}", variant_rows(conn, as_of_build=int(spec)), False
     store = _open(spec)
     with store.read() as conn:
-        return store.display, variant_rows(conn)
+        return store.display, variant_rows(conn), False
 
 
 @main.command("diff")
@@ -238,14 +253,20 @@ def _side(spec: str, registry: str | None) -> tuple[str, list[VariantRow]]:
 @_json_option
 @_fails
 def diff_(a: str, b: str, registry: str | None, fail_on: str, as_json: bool) -> None:
-    """Compare two registries (paths/URLs) or two builds of one registry (ids, with --registry)."""
+    """Compare two registries (paths/URLs), two builds of one registry (ids, with --registry), or
+    two variants of one registry (key prefixes, with --registry)."""
     metrics = [m.strip() for m in fail_on.split(",") if m.strip()]
     bad = [m for m in metrics if m not in FAIL_METRICS]
     if bad:
         raise click.UsageError(f"--fail-on takes {','.join(FAIL_METRICS)} (got {','.join(bad)})")
-    name_a, rows_a = _side(a, registry)
-    name_b, rows_b = _side(b, registry)
-    report = diff(rows_a, rows_b)
+    name_a, rows_a, single_a = _side(a, registry)
+    name_b, rows_b, single_b = _side(b, registry)
+    if single_a != single_b:
+        raise click.UsageError("compare a variant with a variant, or a registry/build with a registry/build")
+    if single_a:
+        report = DiffReport(changed=[compare(rows_a[0], rows_b[0], label=f"{_label(rows_a[0])} -> {_label(rows_b[0])}")])
+    else:
+        report = diff(rows_a, rows_b)
     regressions = report.regressions(metrics)
     if as_json:
         _emit_json(

@@ -77,4 +77,4 @@ class ManifestUnsatisfied(RegistryError):
 
     def format_message(self) -> str:
         rows = "\n".join(f"- {m}" for m in self.missing)
-        return f"{len(self.missing)} manifest entr{'y' if len(self.missing) == 1 else 'ies'} matched nothing:\n{rows}"
+        return f"{len(self.missing)} manifest requirement(s) matched nothing; nothing was written:\n{rows}"
