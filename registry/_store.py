@@ -201,7 +201,7 @@ class RegistryStore:
                     rows.append(Meta(key="blob_dir", value=blob_dir))
                 for row in rows:
                     conn.execute(Meta.__table__.insert().values(key=row.key, value=row.value))
-            return dict(conn.execute(select(Meta.key, Meta.value)).tuples().all())
+            return dict(conn.execute(select(Meta.key, Meta.value)).all())
 
     @contextlib.contextmanager
     def write(self) -> Iterator[Connection]:
@@ -216,7 +216,7 @@ class RegistryStore:
 
     def meta(self) -> dict[str, str]:
         with self.read() as conn:
-            return dict(conn.execute(select(Meta.key, Meta.value)).tuples().all())
+            return dict(conn.execute(select(Meta.key, Meta.value)).all())
 
     def close(self) -> None:
         self.engine.dispose()
