@@ -26,9 +26,9 @@ import torch
 from cuda.bindings import driver as cu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import emit, host_us_per_call, ratio_table  # noqa: E402
+from b12x_aot.loader import Registry
 
-from b12x_aot.loader import Registry  # noqa: E402
+from _timing import emit, host_us_per_call, ratio_table
 
 PARAMS = {"element": "bf16", "output": "bf16", "topk": 8, "hidden": 2048, "cta_threads": 256}
 NUM_EXPERTS = 8
@@ -60,7 +60,9 @@ def main() -> None:
 
     func = kernel.function(0)
     buf = ctypes.create_string_buffer(launch.layout.size)
-    argv = (ctypes.c_void_p * len(launch.layout.offsets))(*(ctypes.addressof(buf) + o for o in launch.layout.offsets))
+    argv = (ctypes.c_void_p * len(launch.layout.offsets))(
+        *(ctypes.addressof(buf) + o for o in launch.layout.offsets)
+    )
     argv_addr = ctypes.addressof(argv)
     pack = struct.Struct(launch.layout.fmt).pack_into
     pack(buf, 0, *ints)

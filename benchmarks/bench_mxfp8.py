@@ -27,6 +27,7 @@ import sys
 from collections.abc import Callable
 
 import torch
+
 from b12x_aot.loader import Registry
 
 FAMILY = "quant.mxfp8"

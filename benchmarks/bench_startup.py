@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import emit  # noqa: E402
+from _timing import emit
 
 
 def _import_ms(statement: str, runs: int) -> float:
@@ -100,7 +100,10 @@ def preload(registry: str, count: int, repeats: int) -> dict[str, float]:
         order = ("bare", "loader") if i % 2 == 0 else ("loader", "bare")
         for mode in order:
             out = subprocess.run(
-                [sys.executable, "-c", _CHILD, registry, str(count), mode], capture_output=True, text=True, check=True
+                [sys.executable, "-c", _CHILD, registry, str(count), mode],
+                capture_output=True,
+                text=True,
+                check=True,
             )
             times[mode].append(json.loads(out.stdout.strip().splitlines()[-1])["ms"])
     bare, loader = statistics.median(times["bare"]), statistics.median(times["loader"])
@@ -127,7 +130,9 @@ def main() -> None:
     for count in opts.counts:
         r = preload(opts.registry, count, opts.repeats)
         result[f"preload_{count}"] = r
-        print(f"preload {count}: loader {r['loader_ms']:.1f} ms vs bare {r['bare_ms']:.1f} ms = {r['ratio']:.2f}x")
+        print(
+            f"preload {count}: loader {r['loader_ms']:.1f} ms vs bare {r['bare_ms']:.1f} ms = {r['ratio']:.2f}x"
+        )
     emit(result, opts.json)
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import device_ms, emit  # noqa: E402
+from b12x_aot.loader import Registry
 
-from b12x_aot.loader import Registry  # noqa: E402
+from _timing import device_ms, emit
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NUM_EXPERTS = 256
@@ -50,7 +50,14 @@ def run(registry: Registry, params: dict, m: int, sets: int = 3) -> dict:
     ms = device_ms(step, reps=30)
     nbytes = m * topk * hidden * el.itemsize + m * topk * 8 + m * hidden * out_t.itemsize
     torch_ms = device_ms(lambda: (inputs[0][2][..., None] * inputs[0][1].float()).sum(1).to(out_t), reps=10)
-    return {"params": params, "m": m, "ms": ms, "gbps": nbytes / ms / 1e6, "torch_ms": torch_ms, "bytes": nbytes}
+    return {
+        "params": params,
+        "m": m,
+        "ms": ms,
+        "gbps": nbytes / ms / 1e6,
+        "torch_ms": torch_ms,
+        "bytes": nbytes,
+    }
 
 
 def main() -> None:

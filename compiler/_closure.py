@@ -53,7 +53,11 @@ def _origin(module: str) -> Path | None:
     if spec is None:
         return None
     if not spec.submodule_search_locations:  # a plain top-level module
-        return Path(spec.origin) if len(parts) == depth and spec.origin not in (None, "built-in", "frozen") else None
+        return (
+            Path(spec.origin)
+            if len(parts) == depth and spec.origin not in (None, "built-in", "frozen")
+            else None
+        )
     path = Path(next(iter(spec.submodule_search_locations)))
     for part in parts[depth:]:
         path = path / part

@@ -79,8 +79,9 @@ def _reason(exc: BaseException) -> str:
 
 def _placeholders(args: tuple[Arg, ...]) -> list[Any]:
     import cutlass.cute as cute
-    from b12x_aot.kernels._base import DSL_SCALARS, dsl_dtype
     from cutlass.cute.runtime import make_ptr
+
+    from b12x_aot.kernels._base import DSL_SCALARS, dsl_dtype
 
     out: list[Any] = []
     for arg in args:

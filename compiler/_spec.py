@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from b12x_aot.loader import DTYPES, Arg, Expr, ExpressionError, Geometry
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+
+from b12x_aot.loader import DTYPES, Arg, Expr, ExpressionError, Geometry
 
 from ._arch import ARCHS
 from .errors import SpecError, SpecFault

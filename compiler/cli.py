@@ -13,10 +13,11 @@ import sys
 from collections import defaultdict
 
 import click
-from b12x_aot.registry import RegistryError, RegistryStore
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from b12x_aot.registry import RegistryError, RegistryStore
 
 from ._arch import ARCHS
 from ._build import BuildSummary, run_build

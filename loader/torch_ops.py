@@ -34,7 +34,9 @@ class TopKSumOp:
         self._lock = threading.Lock()
         self.op = self._define()
 
-    def launch_for(self, element: torch.dtype, output: torch.dtype, topk: int, hidden: int, device: int) -> PreparedLaunch:
+    def launch_for(
+        self, element: torch.dtype, output: torch.dtype, topk: int, hidden: int, device: int
+    ) -> PreparedLaunch:
         key = (_DTYPE_NAMES[element], _DTYPE_NAMES[output], topk, hidden, device)
         launch = self._launches.get(key)
         if launch is not None:
@@ -44,8 +46,14 @@ class TopKSumOp:
             for cta in _CTA_PREFERENCE:
                 try:
                     kernel = self.registry.kernel(
-                        "moe.topk_sum", self.abi, device=device, element=key[0], output=key[1],
-                        topk=topk, hidden=hidden, cta_threads=cta,
+                        "moe.topk_sum",
+                        self.abi,
+                        device=device,
+                        element=key[0],
+                        output=key[1],
+                        topk=topk,
+                        hidden=hidden,
+                        cta_threads=cta,
                     )
                 except VariantMissError as miss:
                     misses.append(miss)
@@ -64,7 +72,11 @@ class TopKSumOp:
 
         @torch.library.custom_op(self.name, mutates_args=())
         def topk_sum(
-            routed: torch.Tensor, weights: torch.Tensor, route_ids: torch.Tensor, num_experts: int, output_dtype: torch.dtype
+            routed: torch.Tensor,
+            weights: torch.Tensor,
+            route_ids: torch.Tensor,
+            num_experts: int,
+            output_dtype: torch.dtype,
         ) -> torch.Tensor:
             m, topk, hidden = routed.shape
             out = torch.empty((m, hidden), dtype=output_dtype, device=routed.device)
@@ -82,7 +94,12 @@ class TopKSumOp:
         return topk_sum
 
     def __call__(
-        self, routed: torch.Tensor, weights: torch.Tensor, route_ids: torch.Tensor, num_experts: int, output_dtype: torch.dtype
+        self,
+        routed: torch.Tensor,
+        weights: torch.Tensor,
+        route_ids: torch.Tensor,
+        num_experts: int,
+        output_dtype: torch.dtype,
     ) -> torch.Tensor:
         return self.op(routed, weights, route_ids, num_experts, output_dtype)
 

@@ -15,20 +15,31 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import select
+
 from b12x_aot.compiler._arch import ARCHS
 from b12x_aot.compiler._closure import source_closure
 from b12x_aot.compiler._cubin import inspect_cubin
 from b12x_aot.compiler._spec import Spec
 from b12x_aot.compiler._toolchain import Toolchain
 from b12x_aot.compiler.errors import ClosureError, ContractError
-from sqlalchemy import select
 
 from ._queries import VariantRow
 from ._schema import Artifact, Source
 from ._store import RegistryStore
 from .errors import BlobError
 
-__all__ = ["FAIL_METRICS", "Change", "DiffReport", "Fault", "StaleVariant", "compare", "diff", "stale", "verify"]
+__all__ = [
+    "FAIL_METRICS",
+    "Change",
+    "DiffReport",
+    "Fault",
+    "StaleVariant",
+    "compare",
+    "diff",
+    "stale",
+    "verify",
+]
 
 # --fail-on names -> how to read "worse" from a pair of rows.
 FAIL_METRICS = ("registers", "spills", "smem", "local")

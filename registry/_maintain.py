@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from b12x_aot.loader import Manifest, Requirement
 from sqlalchemy import Connection, delete, select, update
+
+from b12x_aot.loader import Manifest, Requirement
 
 from ._queries import VariantRow
 from ._schema import (

@@ -18,12 +18,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import Connection, Table, delete, select, update
+
 from b12x_aot.compiler._closure import SourceClosure
 from b12x_aot.compiler._cubin import KernelResources
 from b12x_aot.compiler._sass import SassHistogram
 from b12x_aot.compiler._spec import contract_hash
 from b12x_aot.compiler._toolchain import Toolchain
-from sqlalchemy import Connection, Table, delete, select, update
 
 from ._schema import (
     Artifact,

@@ -16,10 +16,11 @@ from typing import Any
 
 import click
 import yaml
-from b12x_aot.loader import Manifest, ManifestError
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from b12x_aot.loader import Manifest, ManifestError
 
 from ._audit import FAIL_METRICS, DiffReport, compare, diff, stale, verify
 from ._maintain import export, gc, migrate
@@ -219,7 +220,9 @@ def _side(spec: str, registry: str | None) -> tuple[str, list[VariantRow], bool]
     is_location = "://" in spec or Path(spec).exists()
     if not is_location and not spec.isdigit():
         if registry is None:
-            raise click.UsageError(f"{spec!r} is neither a registry nor a build id; a variant key needs --registry")
+            raise click.UsageError(
+                f"{spec!r} is neither a registry nor a build id; a variant key needs --registry"
+            )
         store = _open(registry)
         with store.read() as conn:
             row = find_variant(conn, spec)
@@ -264,7 +267,9 @@ def diff_(a: str, b: str, registry: str | None, fail_on: str, as_json: bool) -> 
     if single_a != single_b:
         raise click.UsageError("compare a variant with a variant, or a registry/build with a registry/build")
     if single_a:
-        report = DiffReport(changed=[compare(rows_a[0], rows_b[0], label=f"{_label(rows_a[0])} -> {_label(rows_b[0])}")])
+        report = DiffReport(
+            changed=[compare(rows_a[0], rows_b[0], label=f"{_label(rows_a[0])} -> {_label(rows_b[0])}")]
+        )
     else:
         report = diff(rows_a, rows_b)
     regressions = report.regressions(metrics)

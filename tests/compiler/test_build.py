@@ -62,7 +62,13 @@ def test_dry_run_plan_matches_the_build(tmp_path: Path) -> None:
     assert set(current(db)) == new
     assert {r["key"]: r["reason"] for r in summary["rejected"]} == rejected
     after = plan(spec, db)
-    assert after["counts"] == {"present": len(new), "new": 0, "stale": 0, "failed": 0, "rejected": len(rejected)}
+    assert after["counts"] == {
+        "present": len(new),
+        "new": 0,
+        "stale": 0,
+        "failed": 0,
+        "rejected": len(rejected),
+    }
 
 
 def test_kill_9_midway_then_resume_equals_an_uninterrupted_build(tmp_path: Path) -> None:
@@ -135,11 +141,25 @@ def test_a_broken_variant_fails_alone(tmp_path: Path) -> None:
 
 
 def test_four_concurrent_builders_share_one_sqlite_file(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path, "s.yaml", TOPK_SMALL.replace("archs: [sm_90a, sm_100a, sm_120a]", "archs: [sm_90a, sm_120a]"))
+    spec = write_spec(
+        tmp_path,
+        "s.yaml",
+        TOPK_SMALL.replace("archs: [sm_90a, sm_100a, sm_120a]", "archs: [sm_90a, sm_120a]"),
+    )
     db = tmp_path / "shared.db"
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "b12x_aot.compiler", str(spec), "--registry", str(db), "-j", "1", "--json"],
+            [
+                sys.executable,
+                "-m",
+                "b12x_aot.compiler",
+                str(spec),
+                "--registry",
+                str(db),
+                "-j",
+                "1",
+                "--json",
+            ],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -148,7 +168,7 @@ def test_four_concurrent_builders_share_one_sqlite_file(tmp_path: Path) -> None:
         for _ in range(4)
     ]
     outputs = [p.communicate(timeout=900) for p in procs]
-    for p, (out, err) in zip(procs, outputs, strict=True):
+    for p, (_out, err) in zip(procs, outputs, strict=True):
         assert p.returncode == 0, err
         assert "locked" not in err.lower()
     built = current(db)
@@ -166,7 +186,9 @@ def test_shards_partition_the_plan(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "medium.yaml", MEDIUM)
     db = tmp_path / "none.db"
     whole = {v["key"]: v["state"] for v in plan(spec, db)["variants"]}
-    parts = [{v["key"]: v["state"] for v in plan(spec, db, "--shard", f"{i}/3")["variants"]} for i in range(3)]
+    parts = [
+        {v["key"]: v["state"] for v in plan(spec, db, "--shard", f"{i}/3")["variants"]} for i in range(3)
+    ]
     assert sum(len(p) for p in parts) == len(whole)
     merged: dict[str, str] = {}
     for part in parts:
@@ -180,6 +202,8 @@ def test_shards_partition_the_plan(tmp_path: Path) -> None:
 
 def test_bad_shard_is_a_usage_error(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "medium.yaml", MEDIUM)
-    proc = run_compile(str(spec), "--registry", str(tmp_path / "r.db"), "--shard", "3/3", "--dry-run", check=False)
+    proc = run_compile(
+        str(spec), "--registry", str(tmp_path / "r.db"), "--shard", "3/3", "--dry-run", check=False
+    )
     assert proc.returncode == 2
     assert "0 <= i < N" in proc.stderr

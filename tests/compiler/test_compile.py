@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from b12x_aot.compiler._cubin import inspect_cubin
 from b12x_aot.loader import ParamLayout
 from b12x_aot.loader._index import RegistryIndex

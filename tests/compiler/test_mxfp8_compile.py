@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from b12x_aot.compiler._cubin import inspect_cubin
 from b12x_aot.compiler._sass import find_nvdisasm, sass_histograms
 from b12x_aot.loader import ParamLayout

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from b12x_aot.compiler._spec import load_spec, load_specs
 from b12x_aot.compiler.errors import SpecError
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from b12x_aot.compiler._spec import load_spec
 from b12x_aot.compiler._variants import expand
 from b12x_aot.compiler.errors import SpecError

@@ -28,7 +28,14 @@ def jit_launcher(kernel_class: type, entry: Any, args: list[Any]):
         out = []
         for spec_arg, value in zip(entry.args, values, strict=True):
             if spec_arg.is_pointer:
-                out.append(make_ptr(dsl_dtype(spec_arg.dtype), value.data_ptr(), cute.AddressSpace.gmem, assumed_align=spec_arg.align))
+                out.append(
+                    make_ptr(
+                        dsl_dtype(spec_arg.dtype),
+                        value.data_ptr(),
+                        cute.AddressSpace.gmem,
+                        assumed_align=spec_arg.align,
+                    )
+                )
             else:
                 out.append(DSL_SCALARS[spec_arg.kind](value))
         return out

@@ -3,6 +3,7 @@ from __future__ import annotations
 import struct
 
 import pytest
+
 from b12x_aot.loader import Arg, ParamLayout
 
 

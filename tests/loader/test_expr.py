@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from b12x_aot.loader import Expr, ExpressionError, Geometry
 
 

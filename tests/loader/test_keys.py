@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from b12x_aot.loader import variant_key
 
 BASE = {

@@ -45,7 +45,7 @@ def test_load_and_miss_during_capture_raise_and_keep_the_capture(gpu_registry_pa
     loads = registry.stats.loads
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        with pytest.raises(CaptureError, match="loading moe.topk_sum variant"):
+        with pytest.raises(CaptureError, match=r"loading moe\.topk_sum variant"):
             registry.kernel("moe.topk_sum", 1, **second)  # not preloaded
         with pytest.raises(CaptureError, match="a registry miss") as miss:
             registry.kernel("moe.topk_sum", 1, **{**first, "hidden": 12345})
@@ -152,7 +152,9 @@ def test_two_devices_from_two_threads(gpu_registry, device_arch) -> None:
                     m = 17
                     inputs = make_inputs(m, p, gen)
                     out = _out(m, p, device=f"cuda:{device}")
-                    prepared.checked(out, inputs["routed"], inputs["weights"], inputs["route_ids"], m, NUM_EXPERTS)
+                    prepared.checked(
+                        out, inputs["routed"], inputs["weights"], inputs["route_ids"], m, NUM_EXPERTS
+                    )
                     stream.synchronize()
                     assert same_bits(out, exact_reference(inputs, p))
             results[device] = len(kernel._functions)
@@ -172,7 +174,7 @@ def test_two_devices_from_two_threads(gpu_registry, device_arch) -> None:
 def test_torch_custom_op_eager_graph_and_compile(gpu_registry, device_arch) -> None:
     from b12x_aot.loader.torch_ops import register_topk_sum
 
-    entry, p = _variant(gpu_registry, device_arch, -1)
+    _, p = _variant(gpu_registry, device_arch, -1)
     op = register_topk_sum(gpu_registry, namespace="b12x_test")
     element, output = DTYPES[p["element"]], DTYPES[p["output"]]
     op.warmup([(element, output, p["topk"], p["hidden"])])

@@ -7,6 +7,7 @@ import struct
 from pathlib import Path
 
 import pytest
+
 from b12x_aot.compiler._cubin import inspect_cubin
 from b12x_aot.loader import (
     Manifest,

@@ -18,9 +18,11 @@ from ..conftest import ROOT, TOPK_SMALL, write_spec
 
 pytestmark = pytest.mark.dsl
 
-COPY_SPEC = TOPK_SMALL.replace("family: moe.topk_sum", "family: test.topk_copy").replace(
-    "b12x_aot.kernels.topk_sum:TopKSum", "testkernels.topk_sum:TopKSum"
-).replace("archs: [sm_90a, sm_100a, sm_120a]", "archs: [sm_90a]")
+COPY_SPEC = (
+    TOPK_SMALL.replace("family: moe.topk_sum", "family: test.topk_copy")
+    .replace("b12x_aot.kernels.topk_sum:TopKSum", "testkernels.topk_sum:TopKSum")
+    .replace("archs: [sm_90a, sm_100a, sm_120a]", "archs: [sm_90a]")
+)
 
 
 def registry_cli(*args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -28,7 +30,9 @@ def registry_cli(*args: str, env: dict | None = None, check: bool = True) -> sub
         [sys.executable, "-m", "b12x_aot.registry", *args], capture_output=True, text=True, cwd=ROOT, env=env
     )
     if check and proc.returncode != 0:
-        raise AssertionError(f"b12x-registry {' '.join(args)}: {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"b12x-registry {' '.join(args)}: {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
 
 
@@ -42,14 +46,23 @@ def kernel_copy(tmp_path: Path) -> tuple[Path, dict]:
     pkg = tmp_path / "pkgs" / "testkernels"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
-    source = (ROOT / "kernels" / "topk_sum.py").read_text().replace("from ._base import", "from b12x_aot.kernels._base import")
+    source = (
+        (ROOT / "kernels" / "topk_sum.py")
+        .read_text()
+        .replace("from ._base import", "from b12x_aot.kernels._base import")
+    )
     (pkg / "topk_sum.py").write_text(source)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "pkgs"), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path / "pkgs"), os.environ.get("PYTHONPATH", "")]),
+    }
     return pkg / "topk_sum.py", env
 
 
 def compile_(env: dict, *args: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "b12x_aot.compiler", *args], capture_output=True, text=True, cwd=ROOT, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "b12x_aot.compiler", *args], capture_output=True, text=True, cwd=ROOT, env=env
+    )
     assert proc.returncode == 0, proc.stderr + proc.stdout
 
 
@@ -61,7 +74,9 @@ def test_diff_two_variants_shows_the_cta_threads_change(built_registry: Path) ->
         if r["arch"] == "sm_90a" and r["params"]["output"] == "fp32"
     }
     a, b = pick[128], pick[256]
-    out = json.loads(registry_cli("diff", a["key"][:12], b["key"][:12], "-r", str(built_registry), "--json").stdout)
+    out = json.loads(
+        registry_cli("diff", a["key"][:12], b["key"][:12], "-r", str(built_registry), "--json").stdout
+    )
     (change,) = out["changed"]
     assert not change["artifact_equal"] and not change["text_equal"]
     deltas = change["deltas"]
@@ -69,7 +84,9 @@ def test_diff_two_variants_shows_the_cta_threads_change(built_registry: Path) ->
     assert change["opcode_deltas"] or change["class_deltas"] or "registers" in deltas
 
 
-def test_diff_two_builds_after_editing_one_kernel_file(tmp_path: Path, kernel_copy, small_spec_dir: Path) -> None:
+def test_diff_two_builds_after_editing_one_kernel_file(
+    tmp_path: Path, kernel_copy, small_spec_dir: Path
+) -> None:
     source, env = kernel_copy
     specs = tmp_path / "specs"
     specs.mkdir()
@@ -77,7 +94,9 @@ def test_diff_two_builds_after_editing_one_kernel_file(tmp_path: Path, kernel_co
     write_spec(specs, "copy.yaml", COPY_SPEC)
     db = tmp_path / "r.db"
     compile_(env, str(specs), "--registry", str(db), "--arch", "sm_90a", "-j", "2")
-    source.write_text(source.read_text().replace("m_weights[route] * x.load()", "(m_weights[route] * 2.0) * x.load()"))
+    source.write_text(
+        source.read_text().replace("m_weights[route] * x.load()", "(m_weights[route] * 2.0) * x.load()")
+    )
     compile_(env, str(specs), "--registry", str(db), "--arch", "sm_90a", "-j", "2")
     out = json.loads(registry_cli("diff", "1", "2", "-r", str(db), "--json", env=env).stdout)
     assert not out["added"] and not out["removed"]
@@ -87,12 +106,18 @@ def test_diff_two_builds_after_editing_one_kernel_file(tmp_path: Path, kernel_co
     assert all(not c["artifact_equal"] and not c["text_equal"] for c in out["changed"])
 
 
-def test_fail_on_flags_a_worse_shared_variant(tmp_path: Path, registry_copy: Path, built_registry: Path) -> None:
+def test_fail_on_flags_a_worse_shared_variant(
+    tmp_path: Path, registry_copy: Path, built_registry: Path
+) -> None:
     with sqlite3.connect(registry_copy) as conn:
-        conn.execute("UPDATE kernels SET registers = registers + 8 WHERE variant_id = (SELECT min(id) FROM variants)")
+        conn.execute(
+            "UPDATE kernels SET registers = registers + 8 WHERE variant_id = (SELECT min(id) FROM variants)"
+        )
     clean = registry_cli("diff", str(built_registry), str(registry_copy), "--fail-on", "spills,smem")
     assert clean.returncode == 0
-    worse = registry_cli("diff", str(built_registry), str(registry_copy), "--fail-on", "registers,spills", check=False)
+    worse = registry_cli(
+        "diff", str(built_registry), str(registry_copy), "--fail-on", "registers,spills", check=False
+    )
     assert worse.returncode == 1
     assert "worse:" in worse.stdout and "registers" in worse.stdout
     bad = registry_cli("diff", str(built_registry), str(registry_copy), "--fail-on", "colour", check=False)
@@ -102,8 +127,8 @@ def test_fail_on_flags_a_worse_shared_variant(tmp_path: Path, registry_copy: Pat
 def test_verify_names_the_variant_with_a_flipped_byte(registry_copy: Path) -> None:
     assert registry_cli("verify", "-r", str(registry_copy)).returncode == 0
     with sqlite3.connect(registry_copy) as conn:
-        sha, key, params = conn.execute(
-            "SELECT v.artifact_sha256, v.key, v.params_json FROM variants v ORDER BY v.id LIMIT 1"
+        sha, key = conn.execute(
+            "SELECT v.artifact_sha256, v.key FROM variants v ORDER BY v.id LIMIT 1"
         ).fetchone()
         data = bytearray(conn.execute("SELECT data FROM artifacts WHERE sha256 = ?", (sha,)).fetchone()[0])
         data[len(data) // 2] ^= 0x40
@@ -118,14 +143,18 @@ def test_verify_names_the_variant_with_a_flipped_byte(registry_copy: Path) -> No
 
 def test_verify_catches_a_wrong_recorded_arch(registry_copy: Path) -> None:
     with sqlite3.connect(registry_copy) as conn:
-        conn.execute("UPDATE variants SET arch = 'sm_100a' WHERE id = (SELECT min(id) FROM variants WHERE arch = 'sm_90a')")
+        conn.execute(
+            "UPDATE variants SET arch = 'sm_100a' WHERE id = (SELECT min(id) FROM variants WHERE arch = 'sm_90a')"
+        )
     proc = registry_cli("verify", "-r", str(registry_copy), "--json", check=False)
     assert proc.returncode == 1
     (fault,) = json.loads(proc.stdout)["faults"]
     assert "cubin ELF is SM 90; recorded arch is sm_100a" in fault["problem"]
 
 
-def test_editing_a_kernel_copy_makes_exactly_that_family_stale(tmp_path: Path, kernel_copy, small_spec_dir: Path) -> None:
+def test_editing_a_kernel_copy_makes_exactly_that_family_stale(
+    tmp_path: Path, kernel_copy, small_spec_dir: Path
+) -> None:
     source, env = kernel_copy
     specs = tmp_path / "specs"
     specs.mkdir()
@@ -143,14 +172,33 @@ def test_editing_a_kernel_copy_makes_exactly_that_family_stale(tmp_path: Path, k
         assert item["reasons"] == ["source changed: testkernels.topk_sum"]
     # and the build plan agrees
     plan = subprocess.run(
-        [sys.executable, "-m", "b12x_aot.compiler", str(specs), "--registry", str(db), "--arch", "sm_90a", "--dry-run", "--json"],
-        capture_output=True, text=True, cwd=ROOT, env=env, check=True,
+        [
+            sys.executable,
+            "-m",
+            "b12x_aot.compiler",
+            str(specs),
+            "--registry",
+            str(db),
+            "--arch",
+            "sm_90a",
+            "--dry-run",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        check=True,
     )
-    states = {(v["family"], v["state"]) for v in json.loads(plan.stdout)["variants"] if v["state"] != "rejected"}
+    states = {
+        (v["family"], v["state"]) for v in json.loads(plan.stdout)["variants"] if v["state"] != "rejected"
+    }
     assert states == {("moe.topk_sum", "present"), ("test.topk_copy", "stale")}
 
 
-def test_export_holds_exactly_the_manifest_and_the_loader_opens_it(tmp_path: Path, built_registry: Path) -> None:
+def test_export_holds_exactly_the_manifest_and_the_loader_opens_it(
+    tmp_path: Path, built_registry: Path
+) -> None:
     manifest = tmp_path / "serving.yaml"
     manifest.write_text(
         "variants:\n"
@@ -167,7 +215,16 @@ def test_export_holds_exactly_the_manifest_and_the_loader_opens_it(tmp_path: Pat
     assert registry_cli("verify", "-r", str(out)).returncode == 0
     with Registry.open(out, immutable=True) as reg:
         assert len(reg) == 2
-        entry = reg.resolve("moe.topk_sum", 1, arch="sm_120a", element="bf16", output="fp32", topk=2, hidden=2048, cta_threads=128)
+        entry = reg.resolve(
+            "moe.topk_sum",
+            1,
+            arch="sm_120a",
+            element="bf16",
+            output="fp32",
+            topk=2,
+            hidden=2048,
+            cta_threads=128,
+        )
         assert reg._index.read_artifact(entry)  # bytes inline and verified
 
 
@@ -180,7 +237,9 @@ def test_export_lists_every_unsatisfied_entry(tmp_path: Path, built_registry: Pa
         "  - {family: moe.topk_sum, abi: 1, params: {hidden: {min: 4096}}}\n"
     )
     out = tmp_path / "x.db"
-    proc = registry_cli("export", "-r", str(built_registry), "--manifest", str(manifest), str(out), check=False)
+    proc = registry_cli(
+        "export", "-r", str(built_registry), "--manifest", str(manifest), str(out), check=False
+    )
     assert proc.returncode == 1
     # fp16 is missing on each of the three archs built; the other two entries match nothing.
     assert "5 manifest requirement(s) matched nothing" in proc.stderr
@@ -197,7 +256,9 @@ def test_gc_removes_only_what_nothing_references(tmp_path: Path, kernel_copy, sm
     write_spec(specs, "copy.yaml", COPY_SPEC)
     db = tmp_path / "r.db"
     compile_(env, str(specs), "--registry", str(db), "-j", "2")
-    source.write_text(source.read_text().replace("m_weights[route] * x.load()", "(m_weights[route] * 2.0) * x.load()"))
+    source.write_text(
+        source.read_text().replace("m_weights[route] * x.load()", "(m_weights[route] * 2.0) * x.load()")
+    )
     compile_(env, str(specs), "--registry", str(db), "-j", "2")  # 4 new current variants; 4 rows of history
     with sqlite3.connect(db) as conn:
         conn.execute(

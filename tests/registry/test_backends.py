@@ -21,7 +21,9 @@ from ..conftest import ROOT, TOPK_SMALL, run_compile, write_spec
 pytestmark = pytest.mark.dsl
 
 # 2 outputs x 2 topk x 2 CTA sizes x 2 archs = 16 variants.
-SPEC = TOPK_SMALL.replace("topk: [2]", "topk: [1, 2]").replace("archs: [sm_90a, sm_100a, sm_120a]", "archs: [sm_90a, sm_120a]")
+SPEC = TOPK_SMALL.replace("topk: [2]", "topk: [1, 2]").replace(
+    "archs: [sm_90a, sm_100a, sm_120a]", "archs: [sm_90a, sm_120a]"
+)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -74,14 +76,22 @@ def count(url: str, table: str) -> int:
 
 def spawn(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "b12x_aot.compiler", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-m", "b12x_aot.compiler", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
-def test_three_shards_concurrently_equal_an_unsharded_build(registry_url: str, spec_file: Path, unsharded) -> None:
+def test_three_shards_concurrently_equal_an_unsharded_build(
+    registry_url: str, spec_file: Path, unsharded
+) -> None:
     # Create the schema first so the three builders race on variants, not on table creation.
     RegistryStore.open(registry_url, create=True).close()
-    procs = [spawn(str(spec_file), "--registry", registry_url, "--shard", f"{i}/3", "-j", "1") for i in range(3)]
+    procs = [
+        spawn(str(spec_file), "--registry", registry_url, "--shard", f"{i}/3", "-j", "1") for i in range(3)
+    ]
     for p in procs:
         _, err = p.communicate(timeout=900)
         assert p.returncode == 0, err
@@ -105,12 +115,18 @@ def test_two_builders_racing_on_the_same_variants_leave_one_artifact_each(
     assert count(registry_url, "variants") == len(unsharded)  # the loser recorded nothing twice
 
 
-def test_audit_commands_and_export_to_a_loader_file(registry_url: str, spec_file: Path, tmp_path: Path) -> None:
+def test_audit_commands_and_export_to_a_loader_file(
+    registry_url: str, spec_file: Path, tmp_path: Path
+) -> None:
     run_compile(str(spec_file), "--registry", registry_url, "--arch", "sm_90a", "-j", "2")
 
     def registry_cli(*args: str) -> str:
         out = subprocess.run(
-            [sys.executable, "-m", "b12x_aot.registry", *args], cwd=ROOT, capture_output=True, text=True, check=True
+            [sys.executable, "-m", "b12x_aot.registry", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
         )
         return out.stdout
 
@@ -131,7 +147,9 @@ def test_audit_commands_and_export_to_a_loader_file(registry_url: str, spec_file
 
 def test_blob_directory_store(registry_url: str, spec_file: Path, tmp_path: Path) -> None:
     blobs = tmp_path / "blobs"
-    run_compile(str(spec_file), "--registry", registry_url, "--arch", "sm_120a", "--blob-dir", str(blobs), "-j", "2")
+    run_compile(
+        str(spec_file), "--registry", registry_url, "--arch", "sm_120a", "--blob-dir", str(blobs), "-j", "2"
+    )
     files = sorted(p for p in blobs.glob("*/*"))
     assert len(files) == 8
     store = RegistryStore.open(registry_url)
@@ -157,22 +175,30 @@ def test_a_newer_schema_is_refused_clearly(registry_url: str, spec_file: Path) -
     with store.write() as conn:
         conn.execute(text("UPDATE meta SET value = '99' WHERE key = 'schema_version'"))
     store.close()
-    with pytest.raises(SchemaMismatch, match="newer than this b12x-aot's 1. Upgrade b12x-aot"):
+    with pytest.raises(SchemaMismatch, match=r"newer than this b12x-aot's 1\. Upgrade b12x-aot"):
         RegistryStore.open(registry_url)
     proc = run_compile(str(spec_file), "--registry", registry_url, "--dry-run", check=False)
     assert proc.returncode == 2 and "schema version 99, newer than" in proc.stderr
     migrate = subprocess.run(
-        [sys.executable, "-m", "b12x_aot.registry", "migrate", "-r", registry_url], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "b12x_aot.registry", "migrate", "-r", registry_url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert migrate.returncode == 2 and "newer than" in migrate.stderr
     if "://" not in registry_url:
-        with pytest.raises(RegistryFormatError, match="registry schema 99; this loader reads 1. Upgrade b12x-aot"):
+        with pytest.raises(
+            RegistryFormatError, match=r"registry schema 99; this loader reads 1\. Upgrade b12x-aot"
+        ):
             Registry.open(registry_url)
 
 
 def test_migrate_is_explicit(registry_url: str) -> None:
     RegistryStore.open(registry_url, create=True).close()
     out = subprocess.run(
-        [sys.executable, "-m", "b12x_aot.registry", "migrate", "-r", registry_url], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "b12x_aot.registry", "migrate", "-r", registry_url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert out.returncode == 0 and "already at schema 1" in out.stdout
