@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -23,11 +24,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import emit
 
 
-def _import_ms(statement: str, runs: int) -> float:
+def _env(bytecode: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    if not bytecode:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def _import_ms(statement: str, runs: int, bytecode: bool = True) -> float:
     code = f"import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
     samples = []
     for _ in range(runs):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=_env(bytecode))
         samples.append(float(out.stdout.strip()) * 1e3)
     return statistics.median(samples)
 
@@ -36,12 +45,24 @@ def _wall_ms(statement: str, runs: int) -> float:
     samples = []
     for _ in range(runs):
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", statement], check=True)
+        subprocess.run([sys.executable, "-c", statement], check=True, env=_env(True))
         samples.append((time.perf_counter() - start) * 1e3)
     return statistics.median(samples)
 
 
+def _compile_loader() -> None:
+    """Serving images ship bytecode: compile the loader once, as an image build would."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("b12x_aot.loader")
+    assert spec is not None and spec.submodule_search_locations
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", *spec.submodule_search_locations], check=True, env=_env(True)
+    )
+
+
 def imports(runs: int) -> dict[str, float]:
+    _compile_loader()
     return {
         "python_wall_ms": _wall_ms("pass", runs),
         "deps_wall_ms": _wall_ms("import sqlite3, cuda.bindings.driver", runs),
@@ -50,6 +71,9 @@ def imports(runs: int) -> dict[str, float]:
         "loader_import_ms": _import_ms("import b12x_aot.loader", runs),
         "loader_after_deps_ms": _import_ms(
             "import sqlite3, cuda.bindings.driver; t = time.perf_counter(); import b12x_aot.loader", runs
+        ),
+        "loader_after_deps_no_bytecode_ms": _import_ms(
+            "import sqlite3, cuda.bindings.driver; t = time.perf_counter(); import b12x_aot.loader", runs, bytecode=False
         ),
     }
 
@@ -125,7 +149,7 @@ def main() -> None:
         f"import: python {im['python_wall_ms']:.1f} ms, +deps {im['deps_wall_ms'] - im['python_wall_ms']:.1f} ms, "
         f"+loader {im['loader_wall_ms'] - im['python_wall_ms']:.1f} ms over bare python "
         f"({im['loader_wall_ms'] - im['deps_wall_ms']:.1f} ms over its deps; in-process after deps: "
-        f"{im['loader_after_deps_ms']:.1f} ms)"
+        f"{im['loader_after_deps_ms']:.1f} ms; without bytecode {im['loader_after_deps_no_bytecode_ms']:.1f} ms)"
     )
     for count in opts.counts:
         r = preload(opts.registry, count, opts.repeats)

@@ -18,7 +18,6 @@ from ._geometry import Geometry, StaticGeometry
 from ._index import READABLE_SCHEMA, IndexEntry
 from ._keys import KEY_SCHEMA_VERSION, arch_of, canonical_params, variant_key
 from ._launch import PreparedLaunch
-from ._manifest import Manifest, ParamRange, Requirement
 from ._registry import Kernel, LoadStats, Registry
 from .errors import (
     CaptureError,
@@ -68,3 +67,14 @@ __all__ = [
     "cdiv",
     "variant_key",
 ]
+
+_LAZY = {"Manifest", "ParamRange", "Requirement"}
+
+
+def __getattr__(name: str) -> object:
+    """Manifest records load on first use: serving processes that never use them skip it."""
+    if name in _LAZY:
+        from . import _manifest
+
+        return getattr(_manifest, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,6 +22,7 @@ __all__ = [
     "device_count",
     "ensure_init",
     "stream_is_capturing",
+    "torch_stream_getter",
 ]
 
 _init_lock = threading.Lock()
@@ -101,6 +102,16 @@ def current_device() -> int:
     if err == _SUCCESS:
         return int(dev)
     return 0
+
+
+def torch_stream_getter() -> Any:
+    """torch's "current raw stream of device d" function, when torch with CUDA is imported."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    return getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def stream_is_capturing(stream: int) -> bool:

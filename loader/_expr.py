@@ -14,9 +14,9 @@ Operands of ``//`` and ``%`` are expected to be non-negative; there floor and tr
 from __future__ import annotations
 
 import ast
+import functools
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from ._abi import DTYPES
@@ -181,34 +181,47 @@ def _closure(node: ast.AST, constants: Mapping[str, Any], positions: Mapping[str
     return lambda a: _walk(node, {**constants, **{n: a[i] for n, i in index}})
 
 
-@dataclass(frozen=True, slots=True)
 class Expr:
-    """A parsed expression. ``names`` are the free names it reads."""
+    """A parsed expression. ``names`` are the free names it reads.
 
-    source: str
-    names: frozenset[str]
-    _tree: ast.Expression = field(compare=False, repr=False)
+    Immutable; equal and hashed by its source text. Build one with :meth:`parse`, which caches
+    by text, so a registry's many variants share one parse of each launch expression.
+    """
 
-    @classmethod
-    def parse(cls, source: str | int) -> Expr:
+    __slots__ = ("_tree", "names", "source")
+
+    def __init__(self, source: str, names: frozenset[str], tree: ast.Expression) -> None:
+        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "names", names)
+        object.__setattr__(self, "_tree", tree)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Expr is immutable (tried to set {name!r})")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Expr) and other.source == self.source
+
+    def __hash__(self) -> int:
+        return hash(self.source)
+
+    def __repr__(self) -> str:
+        return f"Expr({self.source!r})"
+
+    @staticmethod
+    def parse(source: str | int) -> Expr:
         """Parse ``source``; raise :class:`ExpressionError` naming what is not allowed."""
         if isinstance(source, bool) or not isinstance(source, int | str):
             raise ExpressionError(repr(source), "an expression must be an integer or a string")
-        text = str(source).strip()
-        if not text:
-            raise ExpressionError(text, "the expression is empty")
-        try:
-            tree = ast.parse(text, mode="eval")
-        except SyntaxError as exc:
-            raise ExpressionError(text, f"syntax error: {exc.msg}") from None
-        return cls(text, _check(tree, text), tree)
+        return _parse(str(source).strip())
 
     def evaluate(self, env: Mapping[str, Any]) -> Any:
-        """Evaluate over ``env``; every free name must be bound."""
-        missing = self.names - env.keys()
-        if missing:
-            raise ExpressionError(self.source, f"unbound name(s): {', '.join(sorted(missing))}")
-        return _walk(self._tree.body, env)
+        """Evaluate over ``env``; an unbound name raises :class:`ExpressionError`."""
+        try:
+            return _walk(self._tree.body, env)
+        except ExpressionError as exc:
+            if exc.source in self.names:
+                raise ExpressionError(self.source, f"unbound name(s): {exc.source}") from None
+            raise
 
     def compile(
         self, constants: Mapping[str, Any], positions: Mapping[str, int]
@@ -225,3 +238,14 @@ class Expr:
 
     def __str__(self) -> str:
         return self.source
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(text: str) -> Expr:
+    if not text:
+        raise ExpressionError(text, "the expression is empty")
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError as exc:
+        raise ExpressionError(text, f"syntax error: {exc.msg}") from None
+    return Expr(text, _check(tree, text), tree)

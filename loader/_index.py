@@ -7,11 +7,10 @@ or older code fails here with a clear message instead of a confusing SQL error.
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import json
 import sqlite3
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,20 +34,70 @@ LEFT JOIN specs AS s ON s.hash = v.spec_hash
 """
 
 
-@dataclass(frozen=True, slots=True)
-class IndexEntry:
-    """What the loader knows of one variant before loading it."""
+@functools.lru_cache(maxsize=1024)
+def _args(text: str) -> tuple[Arg, ...]:
+    return tuple(Arg.from_json(a) for a in json.loads(text))
 
-    key: str
-    family: str
-    abi: int
-    arch: str
-    params: Mapping[str, Any]
-    artifact_sha256: str
-    symbol: str
-    args: tuple[Arg, ...]
-    geometry: Geometry
-    spec_path: str | None
+
+@functools.lru_cache(maxsize=1024)
+def _geometry(text: str) -> Geometry:
+    return Geometry.from_json(json.loads(text))
+
+
+class IndexEntry:
+    """What the loader knows of one variant before loading it.
+
+    Opening a registry reads every row but parses a row's params, arguments and launch
+    geometry only when something asks for them, and parses each distinct argument list and
+    geometry once: a registry of a thousand variants shares a handful of them.
+    """
+
+    __slots__ = (
+        "_args_json",
+        "_launch_json",
+        "_params",
+        "_params_json",
+        "abi",
+        "arch",
+        "artifact_sha256",
+        "family",
+        "key",
+        "spec_path",
+        "symbol",
+    )
+
+    def __init__(self, row: tuple[Any, ...]) -> None:
+        (
+            self.key,
+            self.family,
+            abi,
+            self.arch,
+            self._params_json,
+            self.artifact_sha256,
+            self.symbol,
+            self._args_json,
+            self._launch_json,
+            self.spec_path,
+        ) = row
+        self.abi = int(abi)
+        self._params: Mapping[str, Any] | None = None
+
+    @property
+    def params(self) -> Mapping[str, Any]:
+        if self._params is None:
+            self._params = json.loads(self._params_json)
+        return self._params
+
+    @property
+    def args(self) -> tuple[Arg, ...]:
+        return _args(self._args_json)
+
+    @property
+    def geometry(self) -> Geometry:
+        return _geometry(self._launch_json)
+
+    def __repr__(self) -> str:
+        return f"<IndexEntry {self.family} {self.arch} {self.key[:12]}>"
 
 
 class RegistryIndex:
@@ -86,21 +135,7 @@ class RegistryIndex:
             )
         blob_dir = meta.get("blob_dir")
         self._blob_dir = (self.path.parent / blob_dir) if blob_dir else None
-        self.entries: dict[str, IndexEntry] = {}
-        for row in self._db.execute(_QUERY):
-            key, family, abi, arch, params, sha, symbol, args, launch, spec_path = row
-            self.entries[key] = IndexEntry(
-                key=key,
-                family=family,
-                abi=int(abi),
-                arch=arch,
-                params=json.loads(params),
-                artifact_sha256=sha,
-                symbol=symbol,
-                args=tuple(Arg.from_json(a) for a in json.loads(args)),
-                geometry=Geometry.from_json(json.loads(launch)),
-                spec_path=spec_path,
-            )
+        self.entries: dict[str, IndexEntry] = {row[0]: IndexEntry(row) for row in self._db.execute(_QUERY)}
 
     def read_artifact(self, entry: IndexEntry) -> bytes:
         """The artifact's bytes, verified against its sha256 before anyone sees them."""
@@ -125,6 +160,8 @@ class RegistryIndex:
                     f"{self.path}: blob {blob} is unreadable ({exc.strerror}); the blob directory "
                     "must travel with the registry, or export a self-contained file."
                 ) from None
+        import hashlib  # here, not at import: OpenSSL's load is a third of the import budget
+
         data = bytes(data)
         actual = hashlib.sha256(data).hexdigest()
         if actual != entry.artifact_sha256:

@@ -8,7 +8,6 @@ resolves to the same artifact.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -19,6 +18,8 @@ __all__ = ["KEY_SCHEMA_VERSION", "arch_of", "canonical_params", "variant_key"]
 KEY_SCHEMA_VERSION = 1
 
 _ARCH = re.compile(r"^sm_\d{2,3}[af]?$")
+# One encoder, reused: json.dumps with non-default options builds a new one on every call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 _FAMILY = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
 
 
@@ -55,8 +56,9 @@ def variant_key(*, family: str, abi: int, arch: str, params: Mapping[str, object
         "arch": arch,
         "params": canonical_params(params),
     }
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode()).hexdigest()
+    import hashlib  # here, not at import: keeps `import b12x_aot.loader` within its budget
+
+    return hashlib.sha256(_CANONICAL.encode(payload).encode()).hexdigest()
 
 
 def arch_of(major: int, minor: int) -> str:

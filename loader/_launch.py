@@ -1,10 +1,15 @@
 """Prepared launches: everything bound once, so a launch is one ``pack_into`` and one driver call.
 
-``Kernel.prepare()`` builds a :class:`PreparedLaunch`. It owns a preallocated parameter
-buffer, the ``void*[]`` that points into it, the grid closure and the per-device function.
-A call converts pointer arguments (ints pass through; tensors give ``data_ptr()``), packs the
-buffer, and calls ``cuLaunchKernel`` on the stream: no allocation beyond the argument list, no
-lookups, no parsing, no loads. :meth:`PreparedLaunch.checked` validates every argument first.
+``Kernel.prepare()`` builds a :class:`PreparedLaunch`: a preallocated parameter buffer, the
+``void*[]`` that points into it, the per-device function, the block, the shared memory and
+the grid. Its ``__call__`` is generated for the variant's ABI (as Triton's binder does), so a
+call does no loops, lookups or parsing: it converts pointer arguments (ints pass through;
+tensors give ``data_ptr()``), packs the buffer and calls ``cuLaunchKernel``.
+
+The generated source is assembled from a fixed template, positional names ``a0``, ``a1``, ...
+and integers only; no text from a spec ever reaches it. Grid dimensions that are constants or
+plain scalar arguments are inlined; any other dimension calls a closure compiled from the
+spec's expression by the whitelisted evaluator in ``_expr``.
 """
 
 from __future__ import annotations
@@ -12,13 +17,13 @@ from __future__ import annotations
 import ctypes
 import struct
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from cuda.bindings import driver as cu
 
 from ._abi import DTYPES, SCALAR_KINDS, Arg, ParamLayout
-from ._cuda import check
+from ._cuda import check, torch_stream_getter
 from .errors import LaunchArgumentError
 
 if TYPE_CHECKING:
@@ -26,151 +31,207 @@ if TYPE_CHECKING:
 
 __all__ = ["PreparedLaunch"]
 
-_PLAIN = (int, float)
 _SUCCESS = cu.CUresult.CUDA_SUCCESS
 
+_TEMPLATE = """\
+def __call__(self, {params}*, stream=None):
+    try:
+        pack(buf, 0, {values})
+    except Exception as exc:
+        raise diagnose(({tuple}), exc) from None
+{grid}{guard}    if stream is None:
+{default_stream}    elif stream.__class__ is not CUstream:
+        stream = as_stream(stream)
+    result = launch(func, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, {smem}, stream, argv, 0)
+    if result[0] is not SUCCESS:
+        failed(result)
+"""
 
-def _torch_stream_source(device: int) -> Callable[[], int] | None:
-    """A zero-argument callable giving torch's current raw stream on ``device``, if torch is used."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    raw = torch._C._cuda_getCurrentRawStream
-    return lambda: raw(device)
+
+class _StreamCache:
+    """Turns raw stream handles into ``CUstream``s, reusing the last one (no per-launch allocation)."""
+
+    __slots__ = ("raw", "stream")
+
+    def __init__(self) -> None:
+        self.raw: int | None = None
+        self.stream: Any = None
+
+    def get(self, raw: int) -> Any:
+        if raw != self.raw:
+            self.raw, self.stream = raw, cu.CUstream(raw)
+        return self.stream
 
 
 class PreparedLaunch:
     """A variant bound to one device: call it with the spec's arguments, in order.
 
     Pointer arguments are ints (device addresses) or objects with ``data_ptr()`` (torch
-    tensors); scalars are ints (floats for ``f32``/``f64``). ``stream`` is an int handle or a
-    ``CUstream``; by default it is torch's current stream on this device when torch is
-    imported, else the legacy default stream.
+    tensors); scalars are ints (floats for ``f32``/``f64``). ``stream`` is a ``CUstream`` or an
+    int handle; by default it is torch's current stream on this device when torch was imported
+    before :meth:`Kernel.prepare`, else the stream given to ``prepare``, else the legacy default
+    stream. An empty grid launches nothing.
 
     The plain call trusts its arguments: use it on hot paths whose inputs are already known to
     be right. :meth:`checked` validates dtype, alignment, device, contiguity, count and scalar
     ranges first and raises :class:`LaunchArgumentError` (a ``ValueError``) before launching.
     """
 
-    __slots__ = (
-        "_argv",
-        "_argv_addr",
-        "_block",
-        "_buf",
-        "_cached_raw",
-        "_cached_stream",
-        "_default_stream",
-        "_func",
-        "_grid",
-        "_grid_fn",
-        "_pack",
-        "_smem",
-        "args",
-        "device",
-        "kernel",
-        "layout",
-    )
+    __slots__ = ("_argv", "_buf", "_torch_dtypes", "args", "device", "grid", "kernel", "layout", "name")
 
-    def __init__(self, kernel: Kernel, device: int, function: Any, stream: Any = None) -> None:
+    def __new__(cls, kernel: Kernel, device: int, function: Any, stream: Any = None) -> PreparedLaunch:
+        # Each prepared launch gets a subclass whose __call__ is generated for its ABI, so the
+        # call dispatches straight into it.
+        namespace: dict[str, Any] = {}
+        self = object.__new__(type("PreparedLaunch", (cls,), {"__slots__": ()}))
+        self._bind(kernel, device, function, stream, namespace)
+        type(self).__call__ = namespace["__call__"]
+        return self
+
+    def _bind(self, kernel: Kernel, device: int, function: Any, stream: Any, namespace: dict[str, Any]) -> None:
         self.kernel = kernel
         self.device = device
+        self.name = kernel.name
         self.args: tuple[Arg, ...] = kernel.entry.args
         self.layout = ParamLayout.of(self.args)
-        self._func = function
-        self._pack = struct.Struct(self.layout.fmt).pack_into
+        self._torch_dtypes: tuple[Any, ...] | None = None
         self._buf = ctypes.create_string_buffer(max(self.layout.size, 1))
         base = ctypes.addressof(self._buf)
         self._argv = (ctypes.c_void_p * max(len(self.args), 1))(*(base + o for o in self.layout.offsets))
-        self._argv_addr = ctypes.addressof(self._argv)
-        static = kernel.static
-        self._block = static.block
-        self._smem = static.smem
         positions = {a.name: i for i, a in enumerate(self.args) if not a.is_pointer}
         grid = kernel.entry.geometry.grid_closure(kernel.entry.params, positions)
-        self._grid_fn: Callable[[Sequence[Any]], tuple[int, int, int]] | None = (
-            grid if callable(grid) else None
+        self.grid = grid  # a constant tuple, or a closure over the argument tuple
+        names = [f"a{i}" for i in range(len(self.args))]
+        values = [f"{n} if {n}.__class__ is int else {n}.data_ptr()" if a.is_pointer else n for n, a in zip(names, self.args, strict=True)]
+        env: dict[str, Any] = {
+            "pack": struct.Struct(self.layout.fmt).pack_into,
+            "buf": self._buf,
+            "argv": ctypes.addressof(self._argv),
+            "func": function,
+            "launch": cu.cuLaunchKernel,
+            "CUstream": cu.CUstream,
+            "SUCCESS": _SUCCESS,
+            "as_stream": _StreamCache().get,
+            "diagnose": self._diagnose,
+            "failed": self._failed,
+        }
+        dims, guard = self._grid_source(grid, names, positions, env)
+        self._stream_source(device, stream, env, namespace)
+        source = _TEMPLATE.format(
+            params="".join(f"{n}, " for n in names),
+            values=", ".join(values),
+            tuple="".join(f"{n}, " for n in names),
+            grid="".join(f"    {line}\n" for line in dims[3:]),
+            guard=f"    if not ({' and '.join(guard)}):\n        return\n" if guard else "",
+            default_stream=namespace.pop("_default_stream_source"),
+            gx=dims[0],
+            gy=dims[1],
+            gz=dims[2],
+            bx=kernel.static.block[0],
+            by=kernel.static.block[1],
+            bz=kernel.static.block[2],
+            smem=kernel.static.smem,
         )
-        self._grid = None if callable(grid) else grid
-        self._cached_raw: int | None = None
-        self._cached_stream: Any = None
+        exec(compile(source, f"<prepared launch {kernel.entry.family}>", "exec"), env, namespace)
+
+    def _grid_source(
+        self, grid: Any, names: list[str], positions: dict[str, int], env: dict[str, Any]
+    ) -> tuple[list[str], list[str]]:
+        """Expressions for gx, gy, gz (then any setup lines), and the names to guard for zero."""
+        if not callable(grid):
+            return [str(int(d)) for d in grid], [] if all(grid) else ["0"]
+        env["grid_of"] = grid
+        dims = self.kernel.entry.geometry.grid
+        out: list[str] = []
+        guard: list[str] = []
+        for i, expr in enumerate(dims):
+            folded = expr.compile(self.kernel.entry.params, positions)
+            if not callable(folded):
+                out.append(str(int(folded)))
+                if not folded:
+                    guard.append("0")
+            elif expr.source in positions:
+                out.append(names[positions[expr.source]])
+                guard.append(out[-1])
+            else:
+                out.append(f"g[{i}]")
+                guard.append(out[-1])
+        if any(d.startswith("g[") for d in out):
+            out.append(f"g = grid_of(({''.join(f'{n}, ' for n in names)}))")
+        return out, guard
+
+    def _stream_source(self, device: int, stream: Any, env: dict[str, Any], namespace: dict[str, Any]) -> None:
         if stream is not None:
-            self._default_stream = None
-            self._cached_stream = stream if isinstance(stream, cu.CUstream) else cu.CUstream(int(stream))
+            env["bound_stream"] = stream if isinstance(stream, cu.CUstream) else cu.CUstream(int(stream))
+            namespace["_default_stream_source"] = "        stream = bound_stream\n"
+            return
+        raw_stream = torch_stream_getter()
+        if raw_stream is not None:
+            env["raw_stream"] = raw_stream
+            env["stream_of"] = _StreamCache().get
+            env["device"] = device
+            namespace["_default_stream_source"] = "        stream = stream_of(raw_stream(device))\n"
         else:
-            self._default_stream = _torch_stream_source(device)
-            if self._default_stream is None:
-                self._cached_stream = cu.CUstream(0)
+            env["legacy_stream"] = cu.CUstream(0)
+            namespace["_default_stream_source"] = "        stream = legacy_stream\n"
 
-    def _stream(self, stream: Any) -> Any:
-        if stream is None:
-            if self._default_stream is None:
-                return self._cached_stream
-            stream = self._default_stream()
-        elif isinstance(stream, cu.CUstream):
-            return stream
-        # One-entry cache: a launch site keeps using the same stream, so this rarely allocates.
-        if stream != self._cached_raw:
-            self._cached_raw = stream
-            self._cached_stream = cu.CUstream(stream)
-        return self._cached_stream
+    def __call__(self, *args: Any, stream: Any = None) -> None:  # replaced per instance class
+        raise NotImplementedError
 
-    def __call__(self, *args: Any, stream: Any = None) -> None:
-        values = [a if a.__class__ in _PLAIN else a.data_ptr() for a in args]
-        try:
-            self._pack(self._buf, 0, *values)
-        except struct.error as exc:
-            raise LaunchArgumentError(self.kernel.name, "*", f"do not pack ({exc})", len(args)) from None
-        gx, gy, gz = self._grid if self._grid_fn is None else self._grid_fn(values)
-        if not (gx and gy and gz):
-            return  # an empty grid has nothing to do
-        bx, by, bz = self._block
-        (err,) = cu.cuLaunchKernel(
-            self._func, gx, gy, gz, bx, by, bz, self._smem, self._stream(stream), self._argv_addr, 0
-        )
-        if err != _SUCCESS:
-            check((err,), f"cuLaunchKernel({self.kernel.name})")
+    def _failed(self, result: tuple[Any, ...]) -> None:
+        check(result, f"cuLaunchKernel({self.name})")
+
+    def _diagnose(self, args: Sequence[Any], exc: Exception) -> LaunchArgumentError:
+        """Why a plain call could not pack its arguments (the slow path, for errors only)."""
+        for arg, value in zip(self.args, args, strict=True):
+            if arg.is_pointer and value.__class__ is not int and not hasattr(value, "data_ptr"):
+                return LaunchArgumentError(self.name, arg.name, "must be a device pointer (int) or a tensor", type(value).__name__)
+            if not arg.is_pointer:
+                try:
+                    _check_scalar(self.name, arg, value)
+                except LaunchArgumentError as err:
+                    return err
+        return LaunchArgumentError(self.name, "*", f"do not pack ({exc})", tuple(type(a).__name__ for a in args))
 
     def checked(self, *args: Any, stream: Any = None) -> None:
         """Validate every argument against the variant's ABI, then launch."""
-        name = self.kernel.name
+        name = self.name
         if len(args) != len(self.args):
             names = ", ".join(a.name for a in self.args)
             raise LaunchArgumentError(name, "*", f"count is wrong; expected ({names})", len(args))
-        for arg, value in zip(self.args, args, strict=True):
+        dtypes = self._torch_dtypes
+        if dtypes is None and "torch" in sys.modules:
+            torch = sys.modules["torch"]
+            dtypes = self._torch_dtypes = tuple(
+                getattr(torch, DTYPES[a.dtype].torch_name, None) if a.is_pointer else None  # type: ignore[index]
+                for a in self.args
+            )
+        for i, (arg, value) in enumerate(zip(self.args, args, strict=True)):
             if arg.is_pointer:
-                self._check_pointer(arg, value)
+                self._check_pointer(arg, value, dtypes[i] if dtypes else None)
             else:
                 _check_scalar(name, arg, value)
-        values = [a if a.__class__ in _PLAIN else a.data_ptr() for a in args]
-        grid = self._grid if self._grid_fn is None else self._grid_fn(values)
-        if any((not isinstance(g, int)) or g < 0 or g >= 1 << 31 for g in grid):
-            raise LaunchArgumentError(name, "grid", "must be non-negative ints below 2**31", grid)
+        if callable(self.grid):
+            grid = self.grid(tuple(a if not p.is_pointer else 0 for a, p in zip(args, self.args, strict=True)))
+            if any(isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < 1 << 31 for g in grid):
+                raise LaunchArgumentError(name, "grid", "must be non-negative ints below 2**31", grid)
         self(*args, stream=stream)
 
-    def _check_pointer(self, arg: Arg, value: Any) -> None:
-        name = self.kernel.name
-        if isinstance(value, bool) or not (isinstance(value, int) or hasattr(value, "data_ptr")):
-            raise LaunchArgumentError(
-                name, arg.name, "must be a device pointer (int) or a tensor", type(value).__name__
-            )
-        if isinstance(value, int):
+    def _check_pointer(self, arg: Arg, value: Any, want: Any) -> None:
+        name = self.name
+        if value.__class__ is int:
             addr = value
-        else:
-            dtype = DTYPES[arg.dtype]  # type: ignore[index]
-            torch = sys.modules.get("torch")
-            want = getattr(torch, dtype.torch_name, None) if torch is not None else None
-            if want is not None and getattr(value, "dtype", None) != want:
-                raise LaunchArgumentError(
-                    name, arg.name, f"must have dtype torch.{dtype.torch_name}", value.dtype
-                )
+        elif hasattr(value, "data_ptr"):
+            if want is not None and getattr(value, "dtype", want) != want:
+                raise LaunchArgumentError(name, arg.name, f"must have dtype {want}", value.dtype)
             device = getattr(value, "device", None)
             if device is not None and (device.type != "cuda" or device.index != self.device):
                 raise LaunchArgumentError(name, arg.name, f"must be on cuda:{self.device}", device)
             if hasattr(value, "is_contiguous") and not value.is_contiguous():
-                raise LaunchArgumentError(
-                    name, arg.name, "must be contiguous", f"strides {tuple(value.stride())}"
-                )
+                raise LaunchArgumentError(name, arg.name, "must be contiguous", f"strides {tuple(value.stride())}")
             addr = value.data_ptr()
+        else:
+            raise LaunchArgumentError(name, arg.name, "must be a device pointer (int) or a tensor", type(value).__name__)
         if addr % arg.align:  # type: ignore[operator]
             raise LaunchArgumentError(name, arg.name, f"must be {arg.align}-byte aligned", hex(addr))
 
@@ -185,3 +246,4 @@ def _check_scalar(kernel: str, arg: Arg, value: Any) -> None:
         raise LaunchArgumentError(kernel, arg.name, f"must be an int ({arg.kind})", repr(value))
     if not kind.lo <= value <= kind.hi:  # type: ignore[operator]
         raise LaunchArgumentError(kernel, arg.name, f"must be in [{kind.lo}, {kind.hi}] ({arg.kind})", value)
+

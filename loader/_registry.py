@@ -12,37 +12,49 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cuda.bindings import driver as cu
 
-from ._cuda import check, current_device, device_arch, ensure_init, stream_is_capturing
+from ._cuda import check, current_device, device_arch, ensure_init, stream_is_capturing, torch_stream_getter
 from ._geometry import StaticGeometry
 from ._index import IndexEntry, RegistryIndex
 from ._keys import canonical_params, variant_key
 from ._launch import PreparedLaunch
-from ._manifest import Manifest
 from .errors import CaptureError, Miss, RequirementError, VariantMissError
+
+if TYPE_CHECKING:
+    from ._manifest import Manifest
 
 __all__ = ["Kernel", "LoadStats", "Registry"]
 
 
-@dataclass(slots=True)
 class LoadStats:
     """Counters of the loader's work, for tests and startup logs."""
 
-    resolves: int = 0
-    misses: int = 0
-    loads: int = 0  # cuLibraryLoadData calls
-    functions: int = 0  # cuKernelGetFunction calls
+    __slots__ = ("functions", "loads", "misses", "resolves")
+
+    def __init__(self) -> None:
+        self.resolves = 0
+        self.misses = 0
+        self.loads = 0  # cuLibraryLoadData calls
+        self.functions = 0  # cuKernelGetFunction calls
+
+    def __repr__(self) -> str:
+        return f"LoadStats(resolves={self.resolves}, misses={self.misses}, loads={self.loads}, functions={self.functions})"
+
+
+def _manifest(manifest: Manifest | Mapping[str, Any]) -> Manifest:
+    from ._manifest import Manifest  # only deployments that pass manifests pay for its import
+
+    return manifest if isinstance(manifest, Manifest) else Manifest.from_mapping(manifest)
 
 
 class Kernel:
     """A loaded variant. Built only by :meth:`Registry.kernel`; launch it via :meth:`prepare`."""
 
-    __slots__ = ("_functions", "_handle", "_library", "_lock", "_registry", "entry", "name", "static")
+    __slots__ = ("_functions", "_handle", "_library", "_lock", "_registry", "entry", "static")
 
     def __init__(self, registry: Registry, entry: IndexEntry, library: Any, handle: Any) -> None:
         self._registry = registry
@@ -52,12 +64,15 @@ class Kernel:
         self._functions: dict[int, Any] = {}
         self._lock = threading.Lock()
         self.static: StaticGeometry = entry.geometry.bind_static(entry.params)
-        params = ",".join(f"{k}={v}" for k, v in sorted(entry.params.items()))
-        self.name = f"{entry.family}[{params}]@{entry.arch}"
 
     @property
     def key(self) -> str:
         return self.entry.key
+
+    @property
+    def name(self) -> str:
+        params = ",".join(f"{k}={v}" for k, v in sorted(self.entry.params.items()))
+        return f"{self.entry.family}[{params}]@{self.entry.arch}"
 
     def function(self, device: int) -> Any:
         """The ``CUfunction`` of this kernel on ``device``, created once per device."""
@@ -213,7 +228,7 @@ class Registry:
         self, manifest: Manifest | Mapping[str, Any], *, devices: Iterable[int] | None = None
     ) -> list[Kernel]:
         """Load every variant a manifest names on each device; report all misses at once."""
-        manifest = manifest if isinstance(manifest, Manifest) else Manifest.from_mapping(manifest)
+        manifest = _manifest(manifest)
         devices = list(devices) if devices is not None else [current_device()]
         kernels: list[Kernel] = []
         for device in devices:
@@ -229,7 +244,7 @@ class Registry:
         Loads nothing. Raises :class:`RequirementError` listing every missing variant, each
         with its nearest neighbours and the command that builds it.
         """
-        manifest = manifest if isinstance(manifest, Manifest) else Manifest.from_mapping(manifest)
+        manifest = _manifest(manifest)
         arch = self.arch(current_device() if device is None else device)
         misses: list[Miss] = []
         for req in manifest.requirements:
@@ -246,9 +261,10 @@ class Registry:
     def _capturing(self, device: int, stream: Any) -> bool:
         if stream is None:
             torch = sys.modules.get("torch")
-            if torch is None or not torch.cuda.is_initialized():
+            raw_stream = torch_stream_getter()
+            if raw_stream is None or not torch.cuda.is_initialized():
                 return False
-            stream = torch._C._cuda_getCurrentRawStream(device)
+            stream = raw_stream(device)
         return stream_is_capturing(int(stream))
 
     def _load(self, entry: IndexEntry, device: int, stream: Any) -> Kernel:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 __all__ = [
     "CaptureError",
@@ -101,8 +101,7 @@ class LaunchArgumentError(LoaderError, ValueError):
         return f"{self.kernel}: argument {self.arg!r} {self.problem} (got {self.got})"
 
 
-@dataclass(frozen=True, slots=True)
-class Miss:
+class Miss(NamedTuple):
     """One variant that a caller asked for and the registry does not hold."""
 
     family: str
@@ -110,7 +109,7 @@ class Miss:
     arch: str
     params: Mapping[str, object]
     key: str
-    nearest: Sequence[Mapping[str, object]] = field(default_factory=tuple)
+    nearest: Sequence[Mapping[str, object]] = ()
     spec_path: str | None = None
     hint: str = ""
 

@@ -92,7 +92,7 @@ def test_checked_launch_rejects_bad_inputs_before_launching(gpu_registry, device
     misaligned = flat[1 : 1 + good["routed"].numel()].view_as(good["routed"])
     expect(1, misaligned, "must be 16-byte aligned")
     expect(3, good["route_ids"].cpu(), "must be on cuda:0")
-    strided = torch.empty(p["topk"], m, device="cuda", dtype=torch.float32).t()
+    strided = torch.empty(m, 2 * p["topk"], device="cuda", dtype=torch.float32)[:, ::2]
     expect(2, strided, "must be contiguous")
     expect(4, 2**31, r"must be in \[-2147483648, 2147483647\]")
     expect(5, 1.5, "must be an int")

@@ -10,6 +10,7 @@ import pytest
 
 from b12x_aot.compiler._cubin import inspect_cubin
 from b12x_aot.loader import (
+    LaunchArgumentError,
     Manifest,
     Registry,
     RegistryFormatError,
@@ -104,32 +105,77 @@ def test_open_rejects_non_registries(tmp_path: Path) -> None:
         Registry.open(junk)
 
 
-def test_prepared_buffer_matches_the_cubin_param_table(built_registry: Path) -> None:
-    """Pack real values and read them back at the offsets the cubin itself declares."""
+class RecordingDriver:
+    """Stands in for cuLaunchKernel: records each call and what the buffer held at that moment."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __call__(self, func, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
+        import ctypes
+
+        pointers = ctypes.cast(argv, ctypes.POINTER(ctypes.c_void_p))
+        self.calls.append(((gx, gy, gz), (bx, by, bz), smem, int(stream), [pointers[i] for i in range(8)]))
+        from cuda.bindings import driver as cu
+
+        return (cu.CUresult.CUDA_SUCCESS,)
+
+
+@pytest.fixture
+def driver(monkeypatch: pytest.MonkeyPatch) -> RecordingDriver:
+    from cuda.bindings import driver as cu
+
+    recorder = RecordingDriver()
+    monkeypatch.setattr(cu, "cuLaunchKernel", recorder)
+    return recorder
+
+
+def test_prepared_buffer_matches_the_cubin_param_table(built_registry: Path, driver: RecordingDriver) -> None:
+    """Launch through the real hot path and read the values back at the cubin's own offsets."""
     with Registry.open(built_registry) as reg:
         for entry in reg.entries():
             kernel = Kernel(reg, entry, library=None, handle=None)
-            launch = PreparedLaunch(kernel, device=0, function=None, stream=0)
+            launch = PreparedLaunch(kernel, device=0, function=None, stream=7)
             info = inspect_cubin(reg._index.read_artifact(entry))
             table = info.kernel(entry.symbol).params
-            values = [
-                0x7F00_0000_1000 + 0x100 * i if a.is_pointer else 1000 + i for i, a in enumerate(entry.args)
-            ]
-            launch._pack(launch._buf, 0, *values)
+            values = [0x7F00_0000_1000 + 0x100 * i if a.is_pointer else 1000 + i for i, a in enumerate(entry.args)]
+            launch(*values)
             raw = bytes(launch._buf)
             assert len(table) == len(entry.args)
             for param, arg, value in zip(table, entry.args, values, strict=True):
                 fmt = {8: "<Q", 4: "<i"}[param.size]
                 assert struct.unpack_from(fmt, raw, param.offset)[0] == value, (entry.arch, arg.name)
-            # and argv[i] points at the byte the driver will read for parameter i
-            base = launch._argv[0]
-            assert [launch._argv[i] - base for i in range(len(table))] == [p.offset for p in table]
+            grid, block, smem, stream, argv = driver.calls[-1]
+            hidden, cta = entry.params["hidden"], entry.params["cta_threads"]
+            assert grid == (values[4], -(-hidden // (cta * 8)), 1)
+            assert block == (cta, 1, 1) and smem == 0 and stream == 7
+            # argv[i] points at the byte the driver reads for parameter i
+            assert [argv[i] - argv[0] for i in range(len(table))] == [p.offset for p in table]
 
 
-def test_prepared_grid_follows_the_spec(built_registry: Path) -> None:
+def test_prepared_launch_converts_tensors_and_skips_empty_grids(built_registry: Path, driver: RecordingDriver) -> None:
+    class FakeTensor:
+        def __init__(self, ptr: int) -> None:
+            self.ptr = ptr
+
+        def data_ptr(self) -> int:
+            return self.ptr
+
     with Registry.open(built_registry) as reg:
         entry = reg.resolve("moe.topk_sum", 1, arch="sm_90a", **{**PARAMS, "cta_threads": 256})
-        launch = PreparedLaunch(Kernel(reg, entry, None, None), 0, None, 0)
-        assert launch._grid_fn is not None
-        assert launch._grid_fn([1, 2, 3, 4, 37, 8]) == (37, 1, 1)
-        assert launch._block == (256, 1, 1) and launch._smem == 0
+        launch = PreparedLaunch(Kernel(reg, entry, None, None), 0, None, None)
+        launch(FakeTensor(0x1000), 0x2000, FakeTensor(0x3000), 0x4000, 37, 8, stream=5)
+        grid, block, _, stream, _ = driver.calls[-1]
+        assert (grid, block, stream) == ((37, 1, 1), (256, 1, 1), 5)
+        assert struct.unpack_from("<QQQQii", bytes(launch._buf)) == (0x1000, 0x2000, 0x3000, 0x4000, 37, 8)
+        launch(0x1000, 0x2000, 0x3000, 0x4000, 0, 8)  # M = 0: nothing to launch
+        assert len(driver.calls) == 1
+        with pytest.raises(LaunchArgumentError, match="must be a device pointer"):
+            launch("not a pointer", 0x2000, 0x3000, 0x4000, 1, 8)
+        with pytest.raises(LaunchArgumentError, match=r"must be in \[-2147483648, 2147483647\]"):
+            launch(0x1000, 0x2000, 0x3000, 0x4000, 2**31, 8)
+        with pytest.raises(LaunchArgumentError, match="count is wrong"):
+            launch.checked(0x1000, 0x2000)
+        with pytest.raises(LaunchArgumentError, match="must be 16-byte aligned"):
+            launch.checked(0x1008, 0x2000, 0x3000, 0x4000, 1, 8)
+        assert len(driver.calls) == 1
