@@ -74,28 +74,26 @@ class TopKSum(AotKernel):
         m_ids = self.tensor(route_ids, num_tokens * self.topk)
 
         if v < row_vectors:
-            # Issue every route's loads before the first FMA, so the route-id, weight and row
-            # latencies overlap instead of adding up; the sum still folds in ascending k.
+            # Route ids and weights for every k first, so their latencies overlap; then the rows,
+            # folded in ascending k (a row is read only when its route is valid).
             valid = []
-            for k in cutlass.range_constexpr(self.topk):
-                expert = m_ids[token * self.topk + k]
-                valid.append((expert >= 0) & (expert < num_experts))
-            rows = []
             weights_k = []
             for k in cutlass.range_constexpr(self.topk):
                 route = token * self.topk + k
-                x = cute.make_rmem_tensor((vec,), self.element)
+                expert = m_ids[route]
+                ok = (expert >= 0) & (expert < num_experts)
                 w = Float32(0.0)
-                if valid[k]:
-                    cute.autovec_copy(m_routed[None, route * row_vectors + v], x)
+                if ok:
                     w = m_weights[route]
-                rows.append(x)
+                valid.append(ok)
                 weights_k.append(w)
             acc = cute.make_rmem_tensor((vec,), Float32)
             acc.fill(0.0)
+            x = cute.make_rmem_tensor((vec,), self.element)
             for k in cutlass.range_constexpr(self.topk):
                 if valid[k]:
-                    acc.store(acc.load() + weights_k[k] * rows[k].load().to(Float32))
+                    cute.autovec_copy(m_routed[None, (token * self.topk + k) * row_vectors + v], x)
+                    acc.store(acc.load() + weights_k[k] * x.load().to(Float32))
             y = cute.make_rmem_tensor((vec,), self.output)
             y.store(acc.load().to(self.output))
             cute.autovec_copy(y, m_out[None, token * row_vectors + v])

@@ -29,7 +29,7 @@ def canonical_params(params: Mapping[str, object]) -> dict[str, int | str | bool
     for name, value in params.items():
         if not isinstance(name, str) or not name.isidentifier():
             raise TypeError(f"param names must be identifiers (got {name!r})")
-        if not isinstance(value, int | str | bool):
+        if value.__class__ not in (int, str, bool) and not isinstance(value, int | str):
             raise TypeError(
                 f"param {name!r} must be an int, str or bool (got {type(value).__name__} {value!r})"
             )

@@ -168,9 +168,12 @@ class PreparedLaunch:
         raw_stream = torch_stream_getter()
         if raw_stream is not None:
             env["raw_stream"] = raw_stream
-            env["stream_of"] = _StreamCache().get
+            env["cache"] = _StreamCache()
             env["device"] = device
-            namespace["_default_stream_source"] = "        stream = stream_of(raw_stream(device))\n"
+            namespace["_default_stream_source"] = (
+                "        raw = raw_stream(device)\n"
+                "        stream = cache.stream if raw == cache.raw else cache.get(raw)\n"
+            )
         else:
             env["legacy_stream"] = cu.CUstream(0)
             namespace["_default_stream_source"] = "        stream = legacy_stream\n"

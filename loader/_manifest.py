@@ -26,6 +26,7 @@ from .errors import ManifestError
 __all__ = ["Manifest", "ParamRange", "Requirement"]
 
 Value = int | str | bool
+_SCALARS = (int, str, bool)  # exact classes: manifests come from YAML or JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +103,7 @@ class Manifest:
 
 def _requirement(index: int, entry: Any) -> Requirement:
     where = f"variants[{index}]"
-    if not isinstance(entry, Mapping):
+    if entry.__class__ is not dict and not isinstance(entry, Mapping):
         raise ManifestError(f"{where}: must be a mapping (got {entry!r})")
     unknown = set(entry) - {"family", "abi", "archs", "params"}
     if unknown:
@@ -120,7 +121,7 @@ def _requirement(index: int, entry: Any) -> Requirement:
             raise ManifestError(f"{where}.archs: must be a list of arch names (got {archs!r})")
         archs = tuple(archs)
     params_in = entry.get("params") or {}
-    if not isinstance(params_in, Mapping):
+    if params_in.__class__ is not dict and not isinstance(params_in, Mapping):
         raise ManifestError(f"{where}.params: must be a mapping (got {params_in!r})")
     params: list[tuple[str, tuple[Value, ...] | ParamRange]] = []
     for name, raw in params_in.items():
@@ -129,7 +130,7 @@ def _requirement(index: int, entry: Any) -> Requirement:
 
 
 def _match(where: str, raw: Any) -> tuple[Value, ...] | ParamRange:
-    if isinstance(raw, Mapping):
+    if raw.__class__ is dict or isinstance(raw, Mapping):
         if set(raw) - {"min", "max"} or not raw:
             raise ManifestError(f"{where}: a range is {{min: N, max: M}} (got {dict(raw)!r})")
         lo, hi = raw.get("min"), raw.get("max")
@@ -137,7 +138,7 @@ def _match(where: str, raw: Any) -> tuple[Value, ...] | ParamRange:
             if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int)):
                 raise ManifestError(f"{where}: range bounds must be integers (got {bound!r})")
         return ParamRange(lo, hi)
-    values = raw if isinstance(raw, list | tuple) else [raw]
-    if not values or not all(isinstance(v, int | str | bool) for v in values):
+    values = raw if raw.__class__ in (list, tuple) else [raw]
+    if not values or not all(v.__class__ in _SCALARS for v in values):
         raise ManifestError(f"{where}: values must be ints, strings or bools (got {raw!r})")
     return tuple(values)

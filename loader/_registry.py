@@ -54,7 +54,7 @@ def _manifest(manifest: Manifest | Mapping[str, Any]) -> Manifest:
 class Kernel:
     """A loaded variant. Built only by :meth:`Registry.kernel`; launch it via :meth:`prepare`."""
 
-    __slots__ = ("_functions", "_handle", "_library", "_lock", "_registry", "entry", "static")
+    __slots__ = ("_functions", "_handle", "_library", "_registry", "entry", "static")
 
     def __init__(self, registry: Registry, entry: IndexEntry, library: Any, handle: Any) -> None:
         self._registry = registry
@@ -62,7 +62,6 @@ class Kernel:
         self._library = library
         self._handle = handle
         self._functions: dict[int, Any] = {}
-        self._lock = threading.Lock()
         self.static: StaticGeometry = entry.geometry.bind_static(entry.params)
 
     @property
@@ -78,11 +77,8 @@ class Kernel:
         """The ``CUfunction`` of this kernel on ``device``, created once per device."""
         fn = self._functions.get(device)
         if fn is None:
-            with self._lock:
-                fn = self._functions.get(device)
-                if fn is None:
-                    fn = self._registry._make_function(self, device)
-                    self._functions[device] = fn
+            self._registry._make_functions([self], device)
+            fn = self._functions[device]
         return fn
 
     def prepare(self, *, device: int | None = None, stream: Any = None) -> PreparedLaunch:
@@ -216,12 +212,8 @@ class Registry:
                 raise CaptureError(f"a registry miss ({miss.miss.describe(str(self.path))})") from miss
             raise
         kernel = self._kernels.get(entry.key)
-        if kernel is None:
-            kernel = self._load(entry, device, stream)
-        if device not in kernel._functions:
-            if self._capturing(device, stream):
-                raise CaptureError(f"creating the device-{device} function of {kernel.name}")
-            kernel.function(device)
+        if kernel is None or device not in kernel._functions:
+            (kernel,) = self._load([entry], device, stream)
         return kernel
 
     def preload(
@@ -232,10 +224,7 @@ class Registry:
         devices = list(devices) if devices is not None else [current_device()]
         kernels: list[Kernel] = []
         for device in devices:
-            self.require(manifest, device=device)
-            for req in manifest.requirements:
-                for params in req.combinations():
-                    kernels.append(self.kernel(req.family, req.abi, device=device, **params))
+            kernels.extend(self._load(self._require(manifest, device), device, None))
         return kernels
 
     def require(self, manifest: Manifest | Mapping[str, Any], *, device: int | None = None) -> None:
@@ -244,19 +233,24 @@ class Registry:
         Loads nothing. Raises :class:`RequirementError` listing every missing variant, each
         with its nearest neighbours and the command that builds it.
         """
-        manifest = _manifest(manifest)
-        arch = self.arch(current_device() if device is None else device)
+        self._require(_manifest(manifest), current_device() if device is None else device)
+
+    def _require(self, manifest: Manifest, device: int) -> list[IndexEntry]:
+        """Every entry the manifest names for the device's arch, or one error listing all misses."""
+        arch = self.arch(device)
+        found: list[IndexEntry] = []
         misses: list[Miss] = []
         for req in manifest.requirements:
             if req.archs is not None and arch not in req.archs:
                 continue
             for params in req.combinations():
                 try:
-                    self.resolve(req.family, req.abi, arch=arch, **params)
+                    found.append(self.resolve(req.family, req.abi, arch=arch, **params))
                 except VariantMissError as err:
                     misses.append(err.miss)
         if misses:
             raise RequirementError(str(self.path), misses)
+        return found
 
     def _capturing(self, device: int, stream: Any) -> bool:
         if stream is None:
@@ -267,21 +261,32 @@ class Registry:
             stream = raw_stream(device)
         return stream_is_capturing(int(stream))
 
-    def _load(self, entry: IndexEntry, device: int, stream: Any) -> Kernel:
+    def _load(self, entries: list[IndexEntry], device: int, stream: Any) -> list[Kernel]:
+        """Load what is not loaded yet and create the device's functions, in one batch.
+
+        Refuses (before any driver call) while ``stream`` is capturing and work remains.
+        """
         with self._lock:
-            kernel = self._kernels.get(entry.key)
-            if kernel is not None:
-                return kernel
-            if self._capturing(device, stream):
-                raise CaptureError(f"loading {entry.family} variant {entry.key[:16]}")
-            data = self._index.read_artifact(entry)
-            ensure_init()
-            library = check(cu.cuLibraryLoadData(data, None, None, 0, None, None, 0), "cuLibraryLoadData")
-            self.stats.loads += 1
-            handle = check(cu.cuLibraryGetKernel(library, entry.symbol.encode()), "cuLibraryGetKernel")
-            kernel = Kernel(self, entry, library, handle)
-            self._kernels[entry.key] = kernel
-            return kernel
+            todo = [e for e in entries if e.key not in self._kernels]
+            missing_fn = [e for e in entries if e.key in self._kernels and device not in self._kernels[e.key]._functions]
+            if (todo or missing_fn) and self._capturing(device, stream):
+                first = (todo or missing_fn)[0]
+                what = "loading" if todo else f"creating the device-{device} function of"
+                raise CaptureError(f"{what} {first.family} variant {first.key[:16]}")
+            if todo:
+                blobs = self._index.read_artifacts(todo)
+                ensure_init()
+                for entry in todo:
+                    library = check(
+                        cu.cuLibraryLoadData(blobs[entry.artifact_sha256], None, None, 0, None, None, 0),
+                        "cuLibraryLoadData",
+                    )
+                    self.stats.loads += 1
+                    handle = check(cu.cuLibraryGetKernel(library, entry.symbol.encode()), "cuLibraryGetKernel")
+                    self._kernels[entry.key] = Kernel(self, entry, library, handle)
+            kernels = [self._kernels[e.key] for e in entries]
+            self._make_functions([k for k in kernels if device not in k._functions], device)
+            return kernels
 
     def _context(self, device: int) -> Any:
         ctx = self._contexts.get(device)
@@ -290,19 +295,22 @@ class Registry:
             ctx = self._contexts[device] = check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
         return ctx
 
-    def _make_function(self, kernel: Kernel, device: int) -> Any:
+    def _make_functions(self, kernels: list[Kernel], device: int) -> None:
+        """Per-device function handles, with the dynamic shared memory limit raised once."""
+        if not kernels:
+            return
         with self._lock:
             check(cu.cuCtxPushCurrent(self._context(device)), "cuCtxPushCurrent")
             try:
-                fn = check(cu.cuKernelGetFunction(kernel._handle), "cuKernelGetFunction")
-                self.stats.functions += 1
-                smem = kernel.static.smem
-                if smem > 0:
-                    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-                    check(cu.cuFuncSetAttribute(fn, attr, smem), "cuFuncSetAttribute")
+                attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+                for kernel in kernels:
+                    fn = check(cu.cuKernelGetFunction(kernel._handle), "cuKernelGetFunction")
+                    self.stats.functions += 1
+                    if kernel.static.smem > 0:
+                        check(cu.cuFuncSetAttribute(fn, attr, kernel.static.smem), "cuFuncSetAttribute")
+                    kernel._functions[device] = fn
             finally:
                 check(cu.cuCtxPopCurrent(), "cuCtxPopCurrent")
-            return fn
 
     def close(self) -> None:
         """Unload every library and release the primary contexts this registry retained."""
