@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import device_ms, emit
-
 from b12x_aot.loader import Registry, VariantMissError
+
+from _timing import device_ms, emit
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NUM_EXPERTS = 256

@@ -74,17 +74,21 @@ def _access_bytes(opcode: str) -> int:
     return widths[match.group(1)] if match else 4
 
 
+def _nvidia_roots() -> list[str]:
+    try:
+        import nvidia  # the namespace package the CUDA wheels install into
+    except ImportError:
+        return []
+    return list(getattr(nvidia, "__path__", []))
+
+
 @functools.cache
 def find_nvdisasm() -> str | None:
     """nvdisasm from PATH, or from the ``nvidia-cuda-nvdisasm`` wheel."""
     found = shutil.which("nvdisasm")
     if found:
         return found
-    try:
-        import nvidia  # the namespace package the CUDA wheels install into
-    except ImportError:
-        return None
-    for root in getattr(nvidia, "__path__", []):
+    for root in _nvidia_roots():
         for candidate in sorted(Path(root).glob("cu*/bin/nvdisasm")):
             return str(candidate)
     return None

@@ -23,6 +23,7 @@ from ._arch import ARCHS
 from ._build import BuildSummary, run_build
 from ._plan import Plan, make_plan, parse_shard
 from ._progress import BuildProgress
+from ._sass import find_nvdisasm
 from ._spec import load_specs
 from ._toolchain import current_toolchain
 from ._variants import parse_where
@@ -193,6 +194,12 @@ def main(
 
     assert store is not None
     todo = len(plan.to_compile())
+    if todo and find_nvdisasm() is None:
+        click.echo(
+            click.style("warning:", fg="yellow") + " nvdisasm not found (install the [sass] extra): SASS "
+            "histograms and spill counts will be recorded as unknown",
+            err=True,
+        )
     with BuildProgress(todo, console) as progress:
         summary = run_build(
             plan,

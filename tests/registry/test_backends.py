@@ -202,3 +202,42 @@ def test_migrate_is_explicit(registry_url: str) -> None:
         text=True,
     )
     assert out.returncode == 0 and "already at schema 1" in out.stdout
+
+
+def test_a_builder_killed_mid_build_leaves_nothing_half_written(
+    registry_url: str, spec_file: Path, unsharded
+) -> None:
+    import os
+    import signal
+    import time
+
+    RegistryStore.open(registry_url, create=True).close()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "b12x_aot.compiler", str(spec_file), "--registry", registry_url, "-j", "2"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None and count(registry_url, "current_variants") < 3:
+        time.sleep(0.2)
+    assert proc.poll() is None, "the build finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    partial = current(registry_url)
+    assert 3 <= len(partial) < len(unsharded)
+    assert all(unsharded[k] == sha for k, sha in partial.items())
+    # Nothing half-written: every variant row has its kernel row and its artifact bytes.
+    store = RegistryStore.open(registry_url)
+    with store.read() as conn:
+        orphans = conn.execute(
+            text(
+                "SELECT count(*) FROM variants v LEFT JOIN kernels k ON k.variant_id = v.id "
+                "LEFT JOIN artifacts a ON a.sha256 = v.artifact_sha256 WHERE k.variant_id IS NULL OR a.data IS NULL"
+            )
+        ).scalar_one()
+    store.close()
+    assert orphans == 0
+    run_compile(str(spec_file), "--registry", registry_url, "-j", "2")
+    assert current(registry_url) == unsharded

@@ -1,0 +1,152 @@
+"""Build failure modes: per-variant timeouts, register bounds, no nvdisasm, no DSL at plan time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ..conftest import ROOT, TOPK_SMALL, run_compile, write_spec
+
+pytestmark = pytest.mark.dsl
+
+ONE_ARCH = TOPK_SMALL.replace("archs: [sm_90a, sm_100a, sm_120a]", "archs: [sm_90a]")
+
+
+def test_a_variant_past_its_timeout_fails_alone(tmp_path: Path) -> None:
+    # A kernel package whose construction stalls for one param value: that variant times out,
+    # its worker is replaced, and the others land.
+    pkg = tmp_path / "pkgs" / "slowkernels"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "topk_sum.py").write_text(
+        "import time\n"
+        "from b12x_aot.kernels.topk_sum import TopKSum as _Base\n\n\n"
+        "class TopKSum(_Base):\n"
+        "    def __init__(self, geometry, **params):\n"
+        "        if params['output'] == 'bf16':\n"
+        "            time.sleep(300)\n"
+        "        super().__init__(geometry, **params)\n"
+    )
+    spec = write_spec(
+        tmp_path,
+        "slow.yaml",
+        ONE_ARCH.replace("b12x_aot.kernels.topk_sum:TopKSum", "slowkernels.topk_sum:TopKSum"),
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "pkgs")}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "b12x_aot.compiler",
+            str(spec),
+            "--registry",
+            str(tmp_path / "r.db"),
+            "-j",
+            "2",
+            "--timeout",
+            "20",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 1, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["built"] == 2
+    assert len(summary["failed"]) == 2
+    for failure in summary["failed"]:
+        assert "output=bf16" in failure["variant"]
+        assert failure["stage"] == "worker" and "exceeded the 20 s timeout" in failure["reason"]
+    # A timeout is not a verdict on the inputs: the next plan retries it.
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "b12x_aot.compiler",
+            str(spec),
+            "--registry",
+            str(tmp_path / "r.db"),
+            "--dry-run",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        check=True,
+    )
+    counts = json.loads(again.stdout)["counts"]
+    assert counts["present"] == 2 and counts["new"] == 2 and counts["failed"] == 0
+
+
+def test_register_bound_rejects_with_figures(tmp_path: Path) -> None:
+    spec = write_spec(
+        tmp_path,
+        "bounded.yaml",
+        ONE_ARCH.replace("max_spill_bytes: 0", "max_spill_bytes: 0\n  max_registers: 16"),
+    )
+    db = tmp_path / "r.db"
+    proc = run_compile(str(spec), "--registry", str(db), "-j", "2", "--json", check=False)
+    assert proc.returncode == 0  # a rejection is a verdict, not a failure
+    summary = json.loads(proc.stdout)
+    assert summary["built"] == 0 and len(summary["rejected"]) == 4
+    for rejected in summary["rejected"]:
+        assert rejected["stage"] == "limits"
+        assert rejected["reason"].startswith("registers ") and "> max_registers 16" in rejected["reason"]
+    plan = json.loads(run_compile(str(spec), "--registry", str(db), "--dry-run", "--json").stdout)
+    assert plan["counts"]["rejected"] == 4 and plan["counts"]["new"] == 0  # not recompiled
+
+
+def test_planning_never_imports_the_dsl(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "s.yaml", ONE_ARCH)
+    code = (
+        "import sys\n"
+        "from b12x_aot.compiler.cli import main\n"
+        f"try:\n    main([{str(spec)!r}, '--registry', {str(tmp_path / 'r.db')!r}, '--dry-run', '--json'])\n"
+        "except SystemExit:\n    pass\n"
+        "print('DSL', 'cutlass' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "DSL False"
+
+
+def test_missing_nvdisasm_degrades_to_unknown(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from b12x_aot.compiler import _sass
+
+    monkeypatch.setattr(_sass.shutil, "which", lambda name: None)
+    monkeypatch.setattr(_sass, "_nvidia_roots", lambda: [])
+    _sass.find_nvdisasm.cache_clear()
+    try:
+        assert _sass.find_nvdisasm() is None
+        assert _sass.sass_histograms(b"\x7fELF not really") is None
+    finally:
+        _sass.find_nvdisasm.cache_clear()
+
+
+def test_build_warns_when_nvdisasm_is_missing(tmp_path: Path) -> None:
+    spec = write_spec(
+        tmp_path,
+        "s.yaml",
+        ONE_ARCH.replace("output: [fp32, bf16]", "output: [fp32]").replace(
+            "cta_threads: [128, 256]", "cta_threads: [128]"
+        ),
+    )
+    code = (
+        "import sys\n"
+        "from b12x_aot.compiler import _sass\n"
+        "_sass.find_nvdisasm = lambda: None\n"
+        "from b12x_aot.compiler import cli\n"
+        "cli.find_nvdisasm = lambda: None\n"
+        f"cli.main([{str(spec)!r}, '--registry', {str(tmp_path / 'r.db')!r}, '-j', '1', '--json'])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: nvdisasm not found (install the [sass] extra)" in proc.stderr
