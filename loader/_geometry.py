@@ -8,7 +8,6 @@ the runtime scalar arguments.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -82,12 +81,17 @@ class Geometry(NamedTuple):
         return frozenset().union(*(e.names for e in self.grid))
 
     def bind_static(self, params: Mapping[str, Any]) -> StaticGeometry:
-        """Evaluate block, smem and cluster; each must come out a non-negative int.
+        """Evaluate block, smem and cluster; each must come out a non-negative int."""
 
-        Cached by the values of the few params these read, so the many variants of a family
-        evaluate each distinct block/smem once.
-        """
-        return _bind_static(self, tuple((n, params.get(n)) for n in sorted(self.static_names())))
+        def as_int(expr: Expr, what: str) -> int:
+            value = expr.evaluate(params)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ExpressionError(expr.source, f"{what} must evaluate to an int >= 0 (got {value!r})")
+            return value
+
+        block = tuple(as_int(e, "block") for e in self.block)
+        cluster = tuple(as_int(e, "cluster") for e in self.cluster) if self.cluster else None
+        return StaticGeometry(block, as_int(self.smem, "smem"), cluster)  # type: ignore[arg-type]
 
     def grid_of(self, env: Mapping[str, Any]) -> tuple[Any, Any, Any]:
         """Evaluate the grid over params and runtime scalars (ints or traced DSL values)."""
@@ -106,18 +110,3 @@ class Geometry(NamedTuple):
             return tuple(dims)  # type: ignore[return-value]
         x, y, z = (d if callable(d) else (lambda _a, v=d: v) for d in dims)
         return lambda a: (x(a), y(a), z(a))
-
-
-@functools.lru_cache(maxsize=4096)
-def _bind_static(geometry: Geometry, values: tuple[tuple[str, Any], ...]) -> StaticGeometry:
-    params = dict(values)
-
-    def as_int(expr: Expr, what: str) -> int:
-        value = expr.evaluate(params)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ExpressionError(expr.source, f"{what} must evaluate to an int >= 0 (got {value!r})")
-        return value
-
-    block = tuple(as_int(e, "block") for e in geometry.block)
-    cluster = tuple(as_int(e, "cluster") for e in geometry.cluster) if geometry.cluster else None
-    return StaticGeometry(block, as_int(geometry.smem, "smem"), cluster)  # type: ignore[arg-type]

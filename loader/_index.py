@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ._abi import Arg
-from ._geometry import Geometry
+from ._geometry import Geometry, StaticGeometry
 from .errors import IntegrityError, RegistryFormatError
 
 __all__ = ["READABLE_SCHEMA", "IndexEntry", "RegistryIndex"]
@@ -42,6 +42,16 @@ def _args(text: str) -> tuple[Arg, ...]:
 @functools.lru_cache(maxsize=1024)
 def _geometry(text: str) -> Geometry:
     return Geometry.from_json(json.loads(text))
+
+
+@functools.lru_cache(maxsize=1024)
+def _static_names(text: str) -> tuple[str, ...]:
+    return tuple(sorted(_geometry(text).static_names()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _static(text: str, values: tuple[Any, ...]) -> StaticGeometry:
+    return _geometry(text).bind_static(dict(zip(_static_names(text), values, strict=True)))
 
 
 class IndexEntry:
@@ -95,6 +105,12 @@ class IndexEntry:
     @property
     def geometry(self) -> Geometry:
         return _geometry(self._launch_json)
+
+    @property
+    def static(self) -> StaticGeometry:
+        """Block, shared memory and cluster, shared by every variant with the same values."""
+        params = self.params
+        return _static(self._launch_json, tuple(params.get(n) for n in _static_names(self._launch_json)))
 
     def __repr__(self) -> str:
         return f"<IndexEntry {self.family} {self.arch} {self.key[:12]}>"
@@ -151,7 +167,9 @@ class RegistryIndex:
         for i in range(0, len(shas), 500):
             chunk = shas[i : i + 500]
             marks = ",".join("?" * len(chunk))
-            rows.update(self._db.execute(f"SELECT sha256, data FROM artifacts WHERE sha256 IN ({marks})", chunk))
+            rows.update(
+                self._db.execute(f"SELECT sha256, data FROM artifacts WHERE sha256 IN ({marks})", chunk)
+            )
         out: dict[str, bytes] = {}
         for sha, entry in wanted.items():
             if sha not in rows:

@@ -88,7 +88,9 @@ class PreparedLaunch:
         type(self).__call__ = namespace["__call__"]
         return self
 
-    def _bind(self, kernel: Kernel, device: int, function: Any, stream: Any, namespace: dict[str, Any]) -> None:
+    def _bind(
+        self, kernel: Kernel, device: int, function: Any, stream: Any, namespace: dict[str, Any]
+    ) -> None:
         self.kernel = kernel
         self.device = device
         self.name = kernel.name
@@ -102,7 +104,10 @@ class PreparedLaunch:
         grid = kernel.entry.geometry.grid_closure(kernel.entry.params, positions)
         self.grid = grid  # a constant tuple, or a closure over the argument tuple
         names = [f"a{i}" for i in range(len(self.args))]
-        values = [f"{n} if {n}.__class__ is int else {n}.data_ptr()" if a.is_pointer else n for n, a in zip(names, self.args, strict=True)]
+        values = [
+            f"{n} if {n}.__class__ is int else {n}.data_ptr()" if a.is_pointer else n
+            for n, a in zip(names, self.args, strict=True)
+        ]
         env: dict[str, Any] = {
             "pack": struct.Struct(self.layout.fmt).pack_into,
             "buf": self._buf,
@@ -160,7 +165,9 @@ class PreparedLaunch:
             out.append(f"g = grid_of(({''.join(f'{n}, ' for n in names)}))")
         return out, guard
 
-    def _stream_source(self, device: int, stream: Any, env: dict[str, Any], namespace: dict[str, Any]) -> None:
+    def _stream_source(
+        self, device: int, stream: Any, env: dict[str, Any], namespace: dict[str, Any]
+    ) -> None:
         if stream is not None:
             env["bound_stream"] = stream if isinstance(stream, cu.CUstream) else cu.CUstream(int(stream))
             namespace["_default_stream_source"] = "        stream = bound_stream\n"
@@ -188,13 +195,17 @@ class PreparedLaunch:
         """Why a plain call could not pack its arguments (the slow path, for errors only)."""
         for arg, value in zip(self.args, args, strict=True):
             if arg.is_pointer and value.__class__ is not int and not hasattr(value, "data_ptr"):
-                return LaunchArgumentError(self.name, arg.name, "must be a device pointer (int) or a tensor", type(value).__name__)
+                return LaunchArgumentError(
+                    self.name, arg.name, "must be a device pointer (int) or a tensor", type(value).__name__
+                )
             if not arg.is_pointer:
                 try:
                     _check_scalar(self.name, arg, value)
                 except LaunchArgumentError as err:
                     return err
-        return LaunchArgumentError(self.name, "*", f"do not pack ({exc})", tuple(type(a).__name__ for a in args))
+        return LaunchArgumentError(
+            self.name, "*", f"do not pack ({exc})", tuple(type(a).__name__ for a in args)
+        )
 
     def checked(self, *args: Any, stream: Any = None) -> None:
         """Validate every argument against the variant's ABI, then launch."""
@@ -215,7 +226,9 @@ class PreparedLaunch:
             else:
                 _check_scalar(name, arg, value)
         if callable(self.grid):
-            grid = self.grid(tuple(a if not p.is_pointer else 0 for a, p in zip(args, self.args, strict=True)))
+            grid = self.grid(
+                tuple(a if not p.is_pointer else 0 for a, p in zip(args, self.args, strict=True))
+            )
             if any(isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < 1 << 31 for g in grid):
                 raise LaunchArgumentError(name, "grid", "must be non-negative ints below 2**31", grid)
         self(*args, stream=stream)
@@ -231,10 +244,14 @@ class PreparedLaunch:
             if device is not None and (device.type != "cuda" or device.index != self.device):
                 raise LaunchArgumentError(name, arg.name, f"must be on cuda:{self.device}", device)
             if hasattr(value, "is_contiguous") and not value.is_contiguous():
-                raise LaunchArgumentError(name, arg.name, "must be contiguous", f"strides {tuple(value.stride())}")
+                raise LaunchArgumentError(
+                    name, arg.name, "must be contiguous", f"strides {tuple(value.stride())}"
+                )
             addr = value.data_ptr()
         else:
-            raise LaunchArgumentError(name, arg.name, "must be a device pointer (int) or a tensor", type(value).__name__)
+            raise LaunchArgumentError(
+                name, arg.name, "must be a device pointer (int) or a tensor", type(value).__name__
+            )
         if addr % arg.align:  # type: ignore[operator]
             raise LaunchArgumentError(name, arg.name, f"must be {arg.align}-byte aligned", hex(addr))
 
@@ -249,4 +266,3 @@ def _check_scalar(kernel: str, arg: Arg, value: Any) -> None:
         raise LaunchArgumentError(kernel, arg.name, f"must be an int ({arg.kind})", repr(value))
     if not kind.lo <= value <= kind.hi:  # type: ignore[operator]
         raise LaunchArgumentError(kernel, arg.name, f"must be in [{kind.lo}, {kind.hi}] ({arg.kind})", value)
-

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import ManifestError
 
@@ -29,8 +28,7 @@ Value = int | str | bool
 _SCALARS = (int, str, bool)  # exact classes: manifests come from YAML or JSON
 
 
-@dataclass(frozen=True, slots=True)
-class ParamRange:
+class ParamRange(NamedTuple):
     """An inclusive integer range of a param."""
 
     lo: int | None
@@ -45,8 +43,7 @@ class ParamRange:
         return f"{self.lo if self.lo is not None else ''}..{self.hi if self.hi is not None else ''}"
 
 
-@dataclass(frozen=True, slots=True)
-class Requirement:
+class Requirement(NamedTuple):
     """One manifest entry: a family at one ABI, over param values and ranges."""
 
     family: str
@@ -86,8 +83,7 @@ class Requirement:
         return f"{self.family} abi={self.abi} [{archs}] " + " ".join(parts)
 
 
-@dataclass(frozen=True, slots=True)
-class Manifest:
+class Manifest(NamedTuple):
     requirements: tuple[Requirement, ...]
 
     @classmethod
@@ -102,35 +98,38 @@ class Manifest:
 
 
 def _requirement(index: int, entry: Any) -> Requirement:
-    where = f"variants[{index}]"
     if entry.__class__ is not dict and not isinstance(entry, Mapping):
-        raise ManifestError(f"{where}: must be a mapping (got {entry!r})")
-    unknown = set(entry) - {"family", "abi", "archs", "params"}
-    if unknown:
-        raise ManifestError(f"{where}: unknown keys {sorted(unknown)}; allowed: family, abi, archs, params")
+        raise ManifestError(f"variants[{index}]: must be a mapping (got {entry!r})")
+    if not entry.keys() <= _KEYS:
+        unknown = sorted(set(entry) - _KEYS)
+        raise ManifestError(f"variants[{index}]: unknown keys {unknown}; allowed: family, abi, archs, params")
     family, abi = entry.get("family"), entry.get("abi")
-    if not isinstance(family, str):
-        raise ManifestError(f"{where}.family: must be a string (got {family!r})")
-    if isinstance(abi, bool) or not isinstance(abi, int):
-        raise ManifestError(f"{where}.abi: must be an integer (got {abi!r})")
+    if family.__class__ is not str:
+        raise ManifestError(f"variants[{index}].family: must be a string (got {family!r})")
+    if abi.__class__ is not int:
+        raise ManifestError(f"variants[{index}].abi: must be an integer (got {abi!r})")
     archs = entry.get("archs")
     if archs is not None:
         if isinstance(archs, str):
             archs = [archs]
         if not all(isinstance(a, str) for a in archs):
-            raise ManifestError(f"{where}.archs: must be a list of arch names (got {archs!r})")
+            raise ManifestError(f"variants[{index}].archs: must be a list of arch names (got {archs!r})")
         archs = tuple(archs)
     params_in = entry.get("params") or {}
     if params_in.__class__ is not dict and not isinstance(params_in, Mapping):
-        raise ManifestError(f"{where}.params: must be a mapping (got {params_in!r})")
-    params: list[tuple[str, tuple[Value, ...] | ParamRange]] = []
-    for name, raw in params_in.items():
-        params.append((str(name), _match(f"{where}.params.{name}", raw)))
-    return Requirement(family, abi, archs, tuple(params))
+        raise ManifestError(f"variants[{index}].params: must be a mapping (got {params_in!r})")
+    params = tuple((str(name), _match(index, name, raw)) for name, raw in params_in.items())
+    return Requirement(family, abi, archs, params)
 
 
-def _match(where: str, raw: Any) -> tuple[Value, ...] | ParamRange:
-    if raw.__class__ is dict or isinstance(raw, Mapping):
+_KEYS = frozenset({"family", "abi", "archs", "params"})
+
+
+def _match(index: int, name: str, raw: Any) -> tuple[Value, ...] | ParamRange:
+    if raw.__class__ in _SCALARS:  # the common case first: one exact value
+        return (raw,)
+    where = f"variants[{index}].params.{name}"
+    if isinstance(raw, Mapping):
         if set(raw) - {"min", "max"} or not raw:
             raise ManifestError(f"{where}: a range is {{min: N, max: M}} (got {dict(raw)!r})")
         lo, hi = raw.get("min"), raw.get("max")

@@ -62,7 +62,7 @@ class Kernel:
         self._library = library
         self._handle = handle
         self._functions: dict[int, Any] = {}
-        self.static: StaticGeometry = entry.geometry.bind_static(entry.params)
+        self.static: StaticGeometry = entry.static
 
     @property
     def key(self) -> str:
@@ -268,7 +268,9 @@ class Registry:
         """
         with self._lock:
             todo = [e for e in entries if e.key not in self._kernels]
-            missing_fn = [e for e in entries if e.key in self._kernels and device not in self._kernels[e.key]._functions]
+            missing_fn = [
+                e for e in entries if e.key in self._kernels and device not in self._kernels[e.key]._functions
+            ]
             if (todo or missing_fn) and self._capturing(device, stream):
                 first = (todo or missing_fn)[0]
                 what = "loading" if todo else f"creating the device-{device} function of"
@@ -282,7 +284,9 @@ class Registry:
                         "cuLibraryLoadData",
                     )
                     self.stats.loads += 1
-                    handle = check(cu.cuLibraryGetKernel(library, entry.symbol.encode()), "cuLibraryGetKernel")
+                    handle = check(
+                        cu.cuLibraryGetKernel(library, entry.symbol.encode()), "cuLibraryGetKernel"
+                    )
                     self._kernels[entry.key] = Kernel(self, entry, library, handle)
             kernels = [self._kernels[e.key] for e in entries]
             self._make_functions([k for k in kernels if device not in k._functions], device)
