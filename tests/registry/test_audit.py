@@ -59,6 +59,13 @@ def kernel_copy(tmp_path: Path) -> tuple[Path, dict]:
     return pkg / "topk_sum.py", env
 
 
+def edit_kernel(source: Path) -> None:
+    """Change the copy's arithmetic (double every weight), so its code really changes."""
+    text = source.read_text()
+    assert "weights_k[k] * x.load()" in text, "the kernel changed: update this edit"
+    source.write_text(text.replace("weights_k[k] * x.load()", "(weights_k[k] * 2.0) * x.load()"))
+
+
 def compile_(env: dict, *args: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "b12x_aot.compiler", *args], capture_output=True, text=True, cwd=ROOT, env=env
@@ -94,9 +101,7 @@ def test_diff_two_builds_after_editing_one_kernel_file(
     write_spec(specs, "copy.yaml", COPY_SPEC)
     db = tmp_path / "r.db"
     compile_(env, str(specs), "--registry", str(db), "--arch", "sm_90a", "-j", "2")
-    source.write_text(
-        source.read_text().replace("m_weights[route] * x.load()", "(m_weights[route] * 2.0) * x.load()")
-    )
+    edit_kernel(source)
     compile_(env, str(specs), "--registry", str(db), "--arch", "sm_90a", "-j", "2")
     out = json.loads(registry_cli("diff", "1", "2", "-r", str(db), "--json", env=env).stdout)
     assert not out["added"] and not out["removed"]
@@ -256,9 +261,7 @@ def test_gc_removes_only_what_nothing_references(tmp_path: Path, kernel_copy, sm
     write_spec(specs, "copy.yaml", COPY_SPEC)
     db = tmp_path / "r.db"
     compile_(env, str(specs), "--registry", str(db), "-j", "2")
-    source.write_text(
-        source.read_text().replace("m_weights[route] * x.load()", "(m_weights[route] * 2.0) * x.load()")
-    )
+    edit_kernel(source)
     compile_(env, str(specs), "--registry", str(db), "-j", "2")  # 4 new current variants; 4 rows of history
     with sqlite3.connect(db) as conn:
         conn.execute(
