@@ -95,9 +95,8 @@ def run_build(
     shard = f"{plan.shard[0]}/{plan.shard[1]}" if plan.shard else None
     build_id = writer.begin_build(plan.toolchain, command, shard)
     summary = BuildSummary(build_id, plan.counts())
+    # Planner rejections are a pure function of the spec: reported here, never stored.
     for item in plan.items:
-        if item.state == "rejected" and not item.recorded:
-            writer.record_failure(build_id, _failure(plan, item, "rejected", item.stage, item.reason))
         if item.state in ("failed", "rejected"):
             bucket = summary.failed if item.state == "failed" else summary.rejected
             bucket.append(
@@ -106,7 +105,7 @@ def run_build(
                     "key": item.variant.key,
                     "stage": item.stage,
                     "reason": item.reason,
-                    "previous_build": True,
+                    "previous_build": item.recorded,
                 }
             )
     todo = {item.variant.key: item for item in plan.to_compile()}

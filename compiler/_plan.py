@@ -41,7 +41,7 @@ class PlanItem:
     state: str
     reason: str = ""
     stage: str = ""
-    recorded: bool = False  # a rejection/failure already in the registry with these inputs
+    recorded: bool = False  # a failure or post-compile rejection the registry holds for these inputs
 
     def to_json(self) -> dict[str, Any]:
         v = self.variant
@@ -153,16 +153,8 @@ def make_plan(
         prov = provenance[(spec.family, spec.abi)]
         accepted, rejected = expand(spec, archs=archs, where=where)
         for rejection in rejected:
-            if not in_shard(rejection.variant.key, shard):
-                continue
-            last = failures.get(rejection.variant.key)
-            recorded = (
-                last is not None
-                and last.kind == "rejected"
-                and last.same_inputs(prov)
-                and last.reason == rejection.reason
-            )
-            items.append(PlanItem(rejection.variant, "rejected", rejection.reason, rejection.stage, recorded))
+            if in_shard(rejection.variant.key, shard):
+                items.append(PlanItem(rejection.variant, "rejected", rejection.reason, rejection.stage))
         for variant in accepted:
             if not in_shard(variant.key, shard):
                 continue

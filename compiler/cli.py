@@ -59,14 +59,28 @@ def _plan_table(plan: Plan) -> Table:
 
 
 def _reasons_table(plan: Plan) -> Table | None:
-    rows = [i for i in plan.items if i.state in ("stale", "failed", "rejected")]
+    """Variants that will not be served as planned, the informative ones first.
+
+    Constraint rejections are the spec pruning its own matrix: counted in the plan table, and
+    listed here only after stale, failed and limit-rejected variants.
+    """
+    order = {"stale": 0, "failed": 1, "rejected": 2}
+    rows = sorted(
+        (i for i in plan.items if i.state in order),
+        key=lambda i: (order[i.state], i.stage == "constraint"),
+    )
     if not rows:
         return None
-    table = Table(title=f"not present ({len(rows)}; first {min(len(rows), _DETAIL_ROWS)} shown)")
-    for col in ("variant", "state", "reason"):
+    pruned = sum(1 for i in rows if i.stage == "constraint")
+    shown = rows[:_DETAIL_ROWS]
+    title = (
+        f"not present: {len(rows)}, of which {pruned} pruned by spec constraints (first {len(shown)} shown)"
+    )
+    table = Table(title=title)
+    for col in ("variant", "state", "stage", "reason"):
         table.add_column(col, overflow="fold")
-    for item in rows[:_DETAIL_ROWS]:
-        table.add_row(Text(item.variant.label), item.state, Text(item.reason))
+    for item in shown:
+        table.add_row(Text(item.variant.label), item.state, item.stage, Text(item.reason))
     return table
 
 

@@ -45,6 +45,10 @@ DSL_SCALARS: Mapping[str, type] = {
 }
 
 
+# The grid reads runtime scalars, which the DSL traces: Python's min/max cannot compare those.
+_TRACED_FUNCTIONS = {"min": cutlass.min, "max": cutlass.max}
+
+
 def dsl_dtype(name: str) -> type:
     """The DSL numeric type for a spec dtype name."""
     try:
@@ -64,7 +68,7 @@ class AotKernel:
     def launch_config(self, **runtime: Any) -> dict[str, Any]:
         """``grid``, ``block`` and ``smem`` for ``.launch()``, from the spec's expressions."""
         config: dict[str, Any] = {
-            "grid": list(self.geometry.grid_of({**self.params, **runtime})),
+            "grid": list(self.geometry.grid_of({**self.params, **runtime}, _TRACED_FUNCTIONS)),
             "block": list(self.static.block),
             "smem": self.static.smem,
         }

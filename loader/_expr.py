@@ -120,7 +120,7 @@ def _check(node: ast.AST, source: str) -> frozenset[str]:
     return frozenset(names)
 
 
-def _walk(node: ast.AST, env: Mapping[str, Any]) -> Any:
+def _walk(node: ast.AST, env: Mapping[str, Any], funcs: Mapping[str, Callable[..., Any]] = _FUNCTIONS) -> Any:
     if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.Name):
@@ -129,28 +129,30 @@ def _walk(node: ast.AST, env: Mapping[str, Any]) -> Any:
         except KeyError:
             raise ExpressionError(node.id, f"name {node.id!r} is not defined here") from None
     if isinstance(node, ast.BinOp):
-        return _BINOPS[type(node.op)](_walk(node.left, env), _walk(node.right, env))
+        return _BINOPS[type(node.op)](_walk(node.left, env, funcs), _walk(node.right, env, funcs))
     if isinstance(node, ast.UnaryOp):
-        return _UNARY[type(node.op)](_walk(node.operand, env))
+        return _UNARY[type(node.op)](_walk(node.operand, env, funcs))
     if isinstance(node, ast.Compare):
-        left = _walk(node.left, env)
+        left = _walk(node.left, env, funcs)
         for op, comparator in zip(node.ops, node.comparators, strict=True):
-            right = _walk(comparator, env)
+            right = _walk(comparator, env, funcs)
             if not _COMPARE[type(op)](left, right):
                 return False
             left = right
         return True
     if isinstance(node, ast.BoolOp):
         if isinstance(node.op, ast.And):
-            return all(_walk(v, env) for v in node.values)
-        return any(_walk(v, env) for v in node.values)
+            return all(_walk(v, env, funcs) for v in node.values)
+        return any(_walk(v, env, funcs) for v in node.values)
     if isinstance(node, ast.IfExp):
-        return _walk(node.body, env) if _walk(node.test, env) else _walk(node.orelse, env)
+        return (
+            _walk(node.body, env, funcs) if _walk(node.test, env, funcs) else _walk(node.orelse, env, funcs)
+        )
     if isinstance(node, ast.Tuple | ast.List):
-        return tuple(_walk(e, env) for e in node.elts)
+        return tuple(_walk(e, env, funcs) for e in node.elts)
     if isinstance(node, ast.Call):
         assert isinstance(node.func, ast.Name)
-        return _FUNCTIONS[node.func.id](*(_walk(a, env) for a in node.args))
+        return funcs[node.func.id](*(_walk(a, env, funcs) for a in node.args))
     raise ExpressionError(ast.unparse(node), "unsupported node")  # pragma: no cover - _check
 
 
@@ -214,10 +216,16 @@ class Expr:
             raise ExpressionError(repr(source), "an expression must be an integer or a string")
         return _parse(str(source).strip())
 
-    def evaluate(self, env: Mapping[str, Any]) -> Any:
-        """Evaluate over ``env``; an unbound name raises :class:`ExpressionError`."""
+    def evaluate(
+        self, env: Mapping[str, Any], functions: Mapping[str, Callable[..., Any]] | None = None
+    ) -> Any:
+        """Evaluate over ``env``; an unbound name raises :class:`ExpressionError`.
+
+        ``functions`` replaces some of the built-in functions: the DSL host launch passes
+        ``min``/``max`` that work on traced values, where Python's cannot compare.
+        """
         try:
-            return _walk(self._tree.body, env)
+            return _walk(self._tree.body, env, {**_FUNCTIONS, **functions} if functions else _FUNCTIONS)
         except ExpressionError as exc:
             if exc.source in self.names:
                 raise ExpressionError(self.source, f"unbound name(s): {exc.source}") from None

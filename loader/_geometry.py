@@ -93,9 +93,11 @@ class Geometry(NamedTuple):
         cluster = tuple(as_int(e, "cluster") for e in self.cluster) if self.cluster else None
         return StaticGeometry(block, as_int(self.smem, "smem"), cluster)  # type: ignore[arg-type]
 
-    def grid_of(self, env: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    def grid_of(
+        self, env: Mapping[str, Any], functions: Mapping[str, Callable[..., Any]] | None = None
+    ) -> tuple[Any, Any, Any]:
         """Evaluate the grid over params and runtime scalars (ints or traced DSL values)."""
-        return tuple(e.evaluate(env) for e in self.grid)  # type: ignore[return-value]
+        return tuple(e.evaluate(env, functions) for e in self.grid)  # type: ignore[return-value]
 
     def grid_closure(
         self, params: Mapping[str, Any], positions: Mapping[str, int]

@@ -1,0 +1,255 @@
+"""moe.w4a16 (+ moe.route_pack) against the device's copy bandwidth and torch, in one process.
+
+    python benchmarks/bench_w4a16.py --registry build/kernels.db [--json out.json] [--where k=v ...]
+
+For every moe.w4a16 variant of the device's arch in the registry (narrowed by ``--where``):
+
+- **decode**: ``--decode-tokens`` tokens (default 16) x topk routed uniformly to
+  ``min(--experts, e_cap)`` experts; the weight bandwidth is the int4 weights plus scales of the
+  experts actually touched over the GEMM time, with L2 flushed before each launch. It is
+  reported against a device-to-device copy measured in the same run (bytes read + written).
+- **prefill**: ``--prefill-tokens`` tokens (default 4096); the GEMM time against torch bf16/fp16
+  matmuls on pre-dequantized weights, one per expert over its pre-gathered rows (timed eager
+  and as a replayed CUDA graph; the ratio uses the faster of the two).
+
+Registers, spills and shared memory of each variant come from the registry file (sqlite3).
+Timings are medians of CUDA-event intervals. Imports: the stdlib, torch and b12x_aot.loader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import statistics
+import sys
+
+import torch
+
+from b12x_aot.loader import Registry
+
+TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+HEADER = 4
+
+
+def scratch_words(tokens: int, topk: int, block_m: int, e_cap: int) -> int:
+    routes = tokens * topk
+    return HEADER + (-(-routes // block_m) + min(routes, e_cap + 1)) * (1 + block_m)
+
+
+def resources(path: str) -> dict[str, dict]:
+    """Per variant key: registers, spill bytes, static/dynamic smem, from the registry file."""
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        rows = db.execute(
+            "SELECT c.key, k.registers, k.spill_store_bytes, k.static_smem_bytes, k.dynamic_smem_bytes "
+            "FROM current_variants c JOIN variants v ON v.id = c.variant_id JOIN kernels k ON k.variant_id = v.id"
+        ).fetchall()
+    return {
+        r[0]: {"registers": r[1], "spill_bytes": r[2], "static_smem": r[3], "dynamic_smem": r[4]}
+        for r in rows
+    }
+
+
+def timed(fn, iters: int, before=None) -> float:
+    """Median seconds of ``fn`` between CUDA events; ``before`` runs untimed ahead of each."""
+    times = []
+    for _ in range(iters):
+        if before is not None:
+            before()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def copy_bandwidth(gib: float = 2.0) -> float:
+    """Device-to-device copy, bytes read + written per second."""
+    n = int(gib * 2**30) // 4
+    src, dst = torch.empty(n, device="cuda", dtype=torch.float32).uniform_(), torch.empty(n, device="cuda")
+    for _ in range(3):
+        dst.copy_(src)
+    return 2 * n * 4 / timed(lambda: dst.copy_(src), 20)
+
+
+def routes(tokens: int, topk: int, experts: int, gen: torch.Generator) -> torch.Tensor:
+    """Each token picks ``topk`` distinct experts uniformly."""
+    scores = torch.rand(tokens, experts, device="cuda", generator=gen)
+    return scores.topk(min(topk, experts), dim=1).indices.to(torch.int32)
+
+
+def dequantized(w: torch.Tensor, s: torch.Tensor, group: int) -> torch.Tensor:
+    lo, hi = (w & 0xF).to(torch.int8), (w >> 4).to(torch.int8)
+    q = torch.stack((lo, hi), dim=-1).flatten(-2)
+    q = torch.where(q >= 8, q - 16, q).float()
+    return (q * s.float().repeat_interleave(group, dim=-1)).to(s.dtype)
+
+
+class Bench:
+    def __init__(self, registry: Registry, args: argparse.Namespace) -> None:
+        self.registry, self.args = registry, args
+        self.gen = torch.Generator(device="cuda").manual_seed(0)
+        # Read (not write) 512 MiB before each timed GEMM: the L2 then holds clean lines only.
+        self.flush = torch.ones(128 * 2**20, device="cuda", dtype=torch.float32)
+        self.baselines: dict[tuple, dict] = {}  # torch times depend on the problem, not the tiling
+
+    def route_pack(self, p: dict):
+        for e in self.registry.entries():
+            q = e.params
+            if e.family == "moe.route_pack" and (q["topk"], q["block_m"], q["e_cap"]) == (
+                p["topk"],
+                p["block_m"],
+                p["e_cap"],
+            ):
+                return self.registry.kernel(e.family, e.abi, **q).prepare()
+        raise SystemExit(f"no moe.route_pack variant for {p}")
+
+    def run(self, entry) -> dict:
+        p, a = dict(entry.params), self.args
+        gemm = self.registry.kernel(entry.family, entry.abi, **p).prepare()
+        pack = self.route_pack(p)
+        experts = min(a.experts, p["e_cap"])
+        elem = TORCH[p["element"]]
+        w = torch.randint(
+            0, 256, (experts, p["n"], p["k"] // 2), device="cuda", dtype=torch.uint8, generator=self.gen
+        )
+        s = (
+            (torch.rand(experts, p["n"], p["k"] // p["group"], device="cuda", generator=self.gen) + 0.5)
+            / (8 * p["k"] ** 0.5)
+        ).to(elem)
+        result = {"params": p}
+        for phase, tokens in (("decode", a.decode_tokens), ("prefill", a.prefill_tokens)):
+            result[phase] = self.phase(gemm, pack, p, w, s, experts, tokens)
+        return result
+
+    def phase(self, gemm, pack, p: dict, w, s, experts: int, tokens: int) -> dict:
+        """Time route packing and the GEMM for ``tokens`` tokens; prefill also times torch."""
+        iters, elem = self.args.iters, TORCH[p["element"]]
+        x = torch.randn(tokens, p["k"], device="cuda", generator=self.gen).to(elem)
+        ids = routes(tokens, p["topk"], experts, self.gen)
+        words = scratch_words(tokens, p["topk"], p["block_m"], p["e_cap"])
+        scratch = torch.empty(words, device="cuda", dtype=torch.int32)
+        out = torch.empty(tokens, p["topk"], p["n"], device="cuda", dtype=TORCH[p["output"]])
+        pack.checked(scratch, ids, tokens, experts)
+        gemm.checked(out, x, w, s, scratch, tokens, experts)
+        torch.cuda.synchronize()
+        t_pack = timed(lambda: pack(scratch, ids, tokens, experts), iters)
+        t_gemm = timed(lambda: gemm(out, x, w, s, scratch, tokens, experts), iters, before=self.flush.sum)
+        touched = int(torch.unique(ids).numel())
+        weight_bytes = touched * p["n"] * (p["k"] // 2 + p["k"] // p["group"] * s.element_size())
+        result = {
+            "tokens": tokens,
+            "experts_touched": touched,
+            "route_pack_s": t_pack,
+            "gemm_s": t_gemm,
+            "weight_bytes_per_s": weight_bytes / t_gemm,
+        }
+        if tokens == self.args.prefill_tokens:
+            problem = (p["element"], p["n"], p["k"], p["group"], experts, tokens)
+            if problem not in self.baselines:
+                self.baselines[problem] = self.torch_baseline(x, ids, w, s, p)
+            result.update(self.baselines[problem])
+        return result
+
+    def torch_baseline(self, x, ids, w, s, p) -> dict:
+        """Per-expert matmuls on pre-dequantized weights and pre-gathered rows."""
+        flat = ids.reshape(-1).long()
+        rows = torch.arange(flat.numel(), device="cuda") // p["topk"]
+        work = []
+        for e in torch.unique(flat).tolist():
+            xe = x[rows[flat == e]].contiguous()
+            work.append(
+                (
+                    xe,
+                    dequantized(w[e], s[e], p["group"]),
+                    torch.empty(xe.shape[0], p["n"], device="cuda", dtype=x.dtype),
+                )
+            )
+
+        def loop() -> None:
+            for xe, we, oe in work:
+                torch.matmul(xe, we.T, out=oe)
+
+        loop()
+        eager = timed(loop, self.args.iters)
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            loop()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            loop()
+        replay = timed(graph.replay, self.args.iters)
+        return {"torch_eager_s": eager, "torch_graph_s": replay}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--registry", required=True, help="registry file (SQLite)")
+    ap.add_argument("--json", dest="json_out", help="write every number here")
+    ap.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="PARAM=VALUE",
+        help="only variants with this param value",
+    )
+    ap.add_argument(
+        "--experts", type=int, default=256, help="resident experts (capped at each variant's e_cap)"
+    )
+    ap.add_argument("--decode-tokens", type=int, default=16)
+    ap.add_argument("--prefill-tokens", type=int, default=4096)
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args(argv)
+    where = dict(item.split("=", 1) for item in args.where)
+
+    registry = Registry.open(args.registry)
+    arch = registry.arch(torch.cuda.current_device())
+    res = resources(args.registry)
+    entries = sorted(
+        (
+            e
+            for e in registry.entries()
+            if e.family == "moe.w4a16"
+            and e.arch == arch
+            and all(str(e.params.get(k)) == v for k, v in where.items())
+        ),
+        key=lambda e: sorted(e.params.items()),
+    )
+    if not entries:
+        print(f"no moe.w4a16 variants for {arch} match {where}", file=sys.stderr)
+        return 1
+    copy_bw = copy_bandwidth()
+    bench = Bench(registry, args)
+    results = []
+    print(f"{arch}: copy bandwidth {copy_bw / 1e9:.0f} GB/s (read + write); {len(entries)} variants")
+    head = f"{'variant':58} {'regs':>4} {'spill':>5} {'smem':>7} {'pack us':>7} {'dec us':>7} {'GB/s':>6} {'/copy':>5} {'pre ms':>7} {'torch':>7} {'x':>5}"
+    print(head)
+    for entry in entries:
+        r = bench.run(entry)
+        r.update(res.get(entry.key, {}))
+        results.append(r)
+        p, d, f = r["params"], r["decode"], r["prefill"]
+        torch_s = min(f["torch_eager_s"], f["torch_graph_s"])
+        r["decode_ratio_to_copy"] = d["weight_bytes_per_s"] / copy_bw
+        r["prefill_speedup_vs_torch"] = torch_s / f["gemm_s"]
+        label = "{element}>{output} n{n} k{k} g{group} m{block_m} {tile_n}x{tile_k}x{stages} t{cta_threads} e{e_cap}".format(
+            **p
+        )
+        print(
+            f"{label:58} {r.get('registers', 0):>4} {r.get('spill_bytes', 0) or 0:>5} {r.get('dynamic_smem', 0):>7} "
+            f"{d['route_pack_s'] * 1e6:>7.1f} {d['gemm_s'] * 1e6:>7.1f} {d['weight_bytes_per_s'] / 1e9:>6.0f} "
+            f"{r['decode_ratio_to_copy']:>5.2f} {f['gemm_s'] * 1e3:>7.3f} {torch_s * 1e3:>7.3f} {r['prefill_speedup_vs_torch']:>5.2f}"
+        )
+        sys.stdout.flush()
+    if args.json_out:
+        with open(args.json_out, "w") as fh:
+            json.dump({"arch": arch, "copy_bytes_per_s": copy_bw, "variants": results}, fh, indent=1)
+    registry.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
