@@ -62,7 +62,9 @@ def throughput(arch: str, jobs: list[int]) -> dict:
             total = 0
             elapsed = 0.0
             for spec, narrow in THROUGHPUT:
-                seconds, summary = compile_([str(spec), "--registry", str(db), "--arch", arch, "-j", str(j), *narrow])
+                seconds, summary = compile_(
+                    [str(spec), "--registry", str(db), "--arch", arch, "-j", str(j), *narrow]
+                )
                 total += summary["built"]
                 elapsed += seconds
             result[f"j{j}"] = {"variants": total, "seconds": elapsed, "per_second": total / elapsed}
@@ -80,8 +82,13 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--json", default=None)
     opts = parser.parse_args()
-    result = {"noop": noop(Path(opts.noop_registry), opts.runs), "throughput": throughput(opts.arch, opts.jobs)}
-    print(f"no-op rebuild of 1000 present variants: {result['noop']['seconds']:.2f} s (median of {opts.runs})")
+    result = {
+        "noop": noop(Path(opts.noop_registry), opts.runs),
+        "throughput": throughput(opts.arch, opts.jobs),
+    }
+    print(
+        f"no-op rebuild of 1000 present variants: {result['noop']['seconds']:.2f} s (median of {opts.runs})"
+    )
     for name, t in result["throughput"].items():
         print(
             f"{name}: {t['variants']} variants in {t['seconds']:.1f} s = {t['per_second']:.2f}/s "

@@ -36,7 +36,9 @@ def _import_ms(statement: str, runs: int, bytecode: bool = True) -> float:
     code = f"import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
     samples = []
     for _ in range(runs):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=_env(bytecode))
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=_env(bytecode)
+        )
         samples.append(float(out.stdout.strip()) * 1e3)
     return statistics.median(samples)
 
@@ -57,7 +59,9 @@ def _compile_loader() -> None:
     spec = importlib.util.find_spec("b12x_aot.loader")
     assert spec is not None and spec.submodule_search_locations
     subprocess.run(
-        [sys.executable, "-m", "compileall", "-q", *spec.submodule_search_locations], check=True, env=_env(True)
+        [sys.executable, "-m", "compileall", "-q", *spec.submodule_search_locations],
+        check=True,
+        env=_env(True),
     )
 
 
@@ -73,7 +77,9 @@ def imports(runs: int) -> dict[str, float]:
             "import sqlite3, cuda.bindings.driver; t = time.perf_counter(); import b12x_aot.loader", runs
         ),
         "loader_after_deps_no_bytecode_ms": _import_ms(
-            "import sqlite3, cuda.bindings.driver; t = time.perf_counter(); import b12x_aot.loader", runs, bytecode=False
+            "import sqlite3, cuda.bindings.driver; t = time.perf_counter(); import b12x_aot.loader",
+            runs,
+            bytecode=False,
         ),
     }
 

@@ -110,7 +110,11 @@ def main() -> None:
         r["of_copy"] = r["gbps"] / copy
         rows.append(r)
         p = r["params"]
-        graph = f"; in a graph {r['graph_us']:.2f} us vs torch {r['torch_graph_us']:.2f} us" if "graph_us" in r else ""
+        graph = (
+            f"; in a graph {r['graph_us']:.2f} us vs torch {r['torch_graph_us']:.2f} us"
+            if "graph_us" in r
+            else ""
+        )
         print(
             f"{p['element']}->{p['output']} topk={p['topk']} hidden={p['hidden']} cta={p['cta_threads']} M={m}: "
             f"{r['ms'] * 1e3:.1f} us, {r['gbps']:.0f} GB/s = {r['of_copy']:.0%} of copy ({copy:.0f} GB/s); "

@@ -138,7 +138,9 @@ def test_prepared_buffer_matches_the_cubin_param_table(built_registry: Path, dri
             launch = PreparedLaunch(kernel, device=0, function=None, stream=7)
             info = inspect_cubin(reg._index.read_artifact(entry))
             table = info.kernel(entry.symbol).params
-            values = [0x7F00_0000_1000 + 0x100 * i if a.is_pointer else 1000 + i for i, a in enumerate(entry.args)]
+            values = [
+                0x7F00_0000_1000 + 0x100 * i if a.is_pointer else 1000 + i for i, a in enumerate(entry.args)
+            ]
             launch(*values)
             raw = bytes(launch._buf)
             assert len(table) == len(entry.args)
@@ -153,7 +155,9 @@ def test_prepared_buffer_matches_the_cubin_param_table(built_registry: Path, dri
             assert [argv[i] - argv[0] for i in range(len(table))] == [p.offset for p in table]
 
 
-def test_prepared_launch_converts_tensors_and_skips_empty_grids(built_registry: Path, driver: RecordingDriver) -> None:
+def test_prepared_launch_converts_tensors_and_skips_empty_grids(
+    built_registry: Path, driver: RecordingDriver
+) -> None:
     class FakeTensor:
         def __init__(self, ptr: int) -> None:
             self.ptr = ptr
