@@ -36,6 +36,17 @@ class BuildSummary:
     def ok(self) -> bool:
         return not self.failed and not self.planned.get("failed", 0)
 
+    def record(self) -> dict[str, Any]:
+        """What the registry keeps of the build: counts, and the failures in full."""
+        return {
+            "planned": self.planned,
+            "built": self.built,
+            "unchanged": self.unchanged,
+            "rejected": len(self.rejected),
+            "failed": [f for f in self.failed if not f["previous_build"]],
+            "seconds": round(self.seconds, 3),
+        }
+
     def to_json(self) -> dict[str, Any]:
         return {
             "build_id": self.build_id,
@@ -159,5 +170,5 @@ def run_build(
         status = "ok" if summary.ok else "failed"
     finally:
         summary.seconds = time.monotonic() - start
-        writer.finish_build(build_id, status, summary.to_json())
+        writer.finish_build(build_id, status, summary.record())
     return summary

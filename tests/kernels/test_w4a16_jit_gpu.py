@@ -1,0 +1,39 @@
+"""moe.route_pack + moe.w4a16: AOT cubins against the CuTe DSL's JIT path, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+
+from ..conftest import family_variants
+from .jit import jit_launcher
+from .reference import same_bits
+from .test_w4a16_gpu import Case, _prepared, _route_pack_for
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cutlass")
+pytestmark = [pytest.mark.gpu, pytest.mark.dsl]
+
+
+def test_aot_equals_jit(gpu_registry, device_arch) -> None:
+    from b12x_aot.kernels.route_pack import RoutePack
+    from b12x_aot.kernels.w4a16 import W4A16
+
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    for entry in family_variants(gpu_registry, "moe.w4a16", device_arch):
+        p = dict(entry.params)
+        gemm = _prepared(gpu_registry, entry)
+        pack = _route_pack_for(gpu_registry, device_arch, p)
+        aot = Case(p, 37, gen)
+        aot.launch(pack, gemm)
+        jit = Case(p, 37, gen, weights=(aot.w, aot.s))
+        jit.a.copy_(aot.a)
+        jit.ids.copy_(aot.ids)
+        pack_args = [jit.scratch, jit.ids, jit.m, jit.experts]
+        gemm_args = [jit.out, jit.a, jit.w, jit.s, jit.scratch, jit.m, jit.experts]
+        jit_launcher(RoutePack, pack.kernel.entry, pack_args)(*pack_args)
+        jit_launcher(W4A16, entry, gemm_args)(*gemm_args)
+        torch.cuda.synchronize()
+        assert same_bits(aot.scratch, jit.scratch), (
+            f"route_pack scratch: AOT != JIT for {pack.kernel.entry.params}"
+        )
+        assert same_bits(aot.out, jit.out), f"w4a16: AOT != JIT for {p}"
