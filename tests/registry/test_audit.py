@@ -66,6 +66,17 @@ def edit_kernel(source: Path) -> None:
     source.write_text(text.replace("weights_k[k] * x.load()", "(weights_k[k] * 2.0) * x.load()"))
 
 
+def two_families(tmp_path: Path, env: dict, small_spec_dir: Path) -> tuple[Path, Path]:
+    """Build moe.topk_sum and the kernel copy's test.topk_copy (sm_90a) into one registry."""
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    shutil.copy(small_spec_dir / "topk_small.yaml", specs / "topk_small.yaml")
+    write_spec(specs, "copy.yaml", COPY_SPEC)
+    db = tmp_path / "r.db"
+    compile_(env, str(specs), "--registry", str(db), "--arch", "sm_90a", "-j", "2")
+    return specs, db
+
+
 def compile_(env: dict, *args: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "b12x_aot.compiler", *args], capture_output=True, text=True, cwd=ROOT, env=env
@@ -95,12 +106,7 @@ def test_diff_two_builds_after_editing_one_kernel_file(
     tmp_path: Path, kernel_copy, small_spec_dir: Path
 ) -> None:
     source, env = kernel_copy
-    specs = tmp_path / "specs"
-    specs.mkdir()
-    shutil.copy(small_spec_dir / "topk_small.yaml", specs / "topk_small.yaml")
-    write_spec(specs, "copy.yaml", COPY_SPEC)
-    db = tmp_path / "r.db"
-    compile_(env, str(specs), "--registry", str(db), "--arch", "sm_90a", "-j", "2")
+    specs, db = two_families(tmp_path, env, small_spec_dir)
     edit_kernel(source)
     compile_(env, str(specs), "--registry", str(db), "--arch", "sm_90a", "-j", "2")
     out = json.loads(registry_cli("diff", "1", "2", "-r", str(db), "--json", env=env).stdout)
@@ -161,12 +167,7 @@ def test_editing_a_kernel_copy_makes_exactly_that_family_stale(
     tmp_path: Path, kernel_copy, small_spec_dir: Path
 ) -> None:
     source, env = kernel_copy
-    specs = tmp_path / "specs"
-    specs.mkdir()
-    shutil.copy(small_spec_dir / "topk_small.yaml", specs / "topk_small.yaml")
-    write_spec(specs, "copy.yaml", COPY_SPEC)
-    db = tmp_path / "r.db"
-    compile_(env, str(specs), "--registry", str(db), "--arch", "sm_90a", "-j", "2")
+    specs, db = two_families(tmp_path, env, small_spec_dir)
     fresh = json.loads(registry_cli("stale", "-r", str(db), "--specs", str(specs), "--json", env=env).stdout)
     assert fresh["stale"] == [] and fresh["variants"] == 8
     source.write_text(source.read_text() + "\n# an edit\n")
