@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
-    "BuildFailed",
     "ClosureError",
     "CompilerError",
     "ContractError",
@@ -71,9 +70,3 @@ class ToolchainError(CompilerError):
 
 class ContractError(CompilerError):
     """A compiled cubin breaks the AOT launch contract its spec declares."""
-
-
-class BuildFailed(CompilerError):
-    """Some variants failed to build; the others were recorded."""
-
-    exit_code = 1

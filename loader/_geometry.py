@@ -77,9 +77,6 @@ class Geometry(NamedTuple):
         exprs = [*self.block, self.smem, *(self.cluster or ())]
         return frozenset().union(*(e.names for e in exprs))
 
-    def grid_names(self) -> frozenset[str]:
-        return frozenset().union(*(e.names for e in self.grid))
-
     def bind_static(self, params: Mapping[str, Any]) -> StaticGeometry:
         """Evaluate block, smem and cluster; each must come out a non-negative int."""
 

@@ -70,8 +70,7 @@ class Kernel:
 
     @property
     def name(self) -> str:
-        params = ",".join(f"{k}={v}" for k, v in sorted(self.entry.params.items()))
-        return f"{self.entry.family}[{params}]@{self.entry.arch}"
+        return f"{self.entry.family}[{_render(self.entry.params)}]@{self.entry.arch}"
 
     def function(self, device: int) -> Any:
         """The ``CUfunction`` of this kernel on ``device``, created once per device."""

@@ -45,11 +45,6 @@ __all__ = [
 FAIL_METRICS = ("registers", "spills", "smem", "local")
 
 
-def _label(row: VariantRow) -> str:
-    params = ",".join(f"{k}={v}" for k, v in row.params.items())
-    return f"{row.family}[{params}]@{row.arch}"
-
-
 def _metrics(row: VariantRow) -> dict[str, int | None]:
     instructions = sum(row.opcodes.values()) if row.opcodes is not None else None
     spills = None
@@ -107,8 +102,8 @@ class DiffReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "added": [{"key": r.key, "variant": _label(r)} for r in self.added],
-            "removed": [{"key": r.key, "variant": _label(r)} for r in self.removed],
+            "added": [{"key": r.key, "variant": r.label} for r in self.added],
+            "removed": [{"key": r.key, "variant": r.label} for r in self.removed],
             "changed": [c.to_json() for c in self.changed],
             "identical": self.identical,
         }
@@ -125,7 +120,7 @@ def compare(x: VariantRow, y: VariantRow, *, label: str | None = None) -> Change
     mx, my = _metrics(x), _metrics(y)
     return Change(
         key=y.key,
-        label=label or _label(y),
+        label=label or y.label,
         artifact_equal=x.artifact_sha256 == y.artifact_sha256,
         text_equal=x.text_sha256 == y.text_sha256,
         deltas={m: (mx[m], my[m]) for m in mx if mx[m] != my[m]},
@@ -170,7 +165,7 @@ def verify(store: RegistryStore, rows: Sequence[VariantRow]) -> tuple[int, list[
             try:
                 good[sha] = store.blobs.read(conn, sha)
             except BlobError as exc:
-                users = [_label(r) for r in rows if r.artifact_sha256 == sha]
+                users = [r.label for r in rows if r.artifact_sha256 == sha]
                 what = ", ".join(users) if users else f"artifact {sha[:16]}"
                 faults.append(
                     Fault(what, next((r.key for r in rows if r.artifact_sha256 == sha), None), exc.problem)
@@ -179,21 +174,21 @@ def verify(store: RegistryStore, rows: Sequence[VariantRow]) -> tuple[int, list[
         data = good.get(row.artifact_sha256)
         if data is None:
             if row.artifact_sha256 not in shas:
-                faults.append(Fault(_label(row), row.key, f"artifact {row.artifact_sha256[:16]} is missing"))
+                faults.append(Fault(row.label, row.key, f"artifact {row.artifact_sha256[:16]} is missing"))
             continue
         try:
             info = inspect_cubin(data)
             kernel = info.kernel(row.symbol)
         except ContractError as exc:
-            faults.append(Fault(_label(row), row.key, str(exc)))
+            faults.append(Fault(row.label, row.key, str(exc)))
             continue
         arch = ARCHS.get(row.arch)
         if arch is not None and info.sm != arch.sm:
             faults.append(
-                Fault(_label(row), row.key, f"cubin ELF is SM {info.sm}; recorded arch is {row.arch}")
+                Fault(row.label, row.key, f"cubin ELF is SM {info.sm}; recorded arch is {row.arch}")
             )
         if kernel.text_sha256 != row.text_sha256:
-            faults.append(Fault(_label(row), row.key, ".text sha256 differs from the recorded one"))
+            faults.append(Fault(row.label, row.key, ".text sha256 differs from the recorded one"))
     return len(shas), faults
 
 
@@ -203,7 +198,7 @@ class StaleVariant:
     reasons: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.row.key, "variant": _label(self.row), "reasons": list(self.reasons)}
+        return {"key": self.row.key, "variant": self.row.label, "reasons": list(self.reasons)}
 
 
 def stale(

@@ -127,6 +127,14 @@ class VariantRow:
     classes: Mapping[str, int] | None
     opcodes: Mapping[str, int] | None
 
+    @property
+    def params_text(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.params.items())
+
+    @property
+    def label(self) -> str:
+        return f"{self.family}[{self.params_text}]@{self.arch}"
+
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
 

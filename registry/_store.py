@@ -214,9 +214,5 @@ class RegistryStore:
         with self.engine.connect() as conn, conn.begin():
             yield conn
 
-    def meta(self) -> dict[str, str]:
-        with self.read() as conn:
-            return dict(conn.execute(select(Meta.key, Meta.value)).all())
-
     def close(self) -> None:
         self.engine.dispose()

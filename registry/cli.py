@@ -73,14 +73,6 @@ def _open(registry: str) -> RegistryStore:
     return RegistryStore.open(registry)
 
 
-def _params(row: VariantRow) -> str:
-    return ",".join(f"{k}={v}" for k, v in row.params.items())
-
-
-def _label(row: VariantRow) -> str:
-    return f"{row.family}[{_params(row)}]@{row.arch}"
-
-
 def _manifest(path: str) -> Manifest:
     try:
         data = yaml.safe_load(Path(path).read_text())
@@ -143,7 +135,7 @@ def ls_(
             r.family,
             str(r.abi),
             r.arch,
-            Text(_params(r)),
+            Text(r.params_text),
             str(r.artifact_size),
             str(r.registers),
             spills,
@@ -169,7 +161,7 @@ def show(registry: str, key: str, as_json: bool) -> None:
         _emit_json(data)
         return
     console = Console()
-    table = Table(title=f"{row.family} {_params(row)} @ {row.arch}", show_header=False)
+    table = Table(title=f"{row.family} {row.params_text} @ {row.arch}", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     rows: list[tuple[str, Any]] = [
@@ -268,7 +260,7 @@ def diff_(a: str, b: str, registry: str | None, fail_on: str, as_json: bool) -> 
         raise click.UsageError("compare a variant with a variant, or a registry/build with a registry/build")
     if single_a:
         report = DiffReport(
-            changed=[compare(rows_a[0], rows_b[0], label=f"{_label(rows_a[0])} -> {_label(rows_b[0])}")]
+            changed=[compare(rows_a[0], rows_b[0], label=f"{rows_a[0].label} -> {rows_b[0].label}")]
         )
     else:
         report = diff(rows_a, rows_b)
@@ -295,7 +287,7 @@ def diff_(a: str, b: str, registry: str | None, fail_on: str, as_json: bool) -> 
                 t.add_column("key")
                 t.add_column("variant", overflow="fold")
                 for r in items:
-                    t.add_row(r.key[:12], Text(f"{r.family}[{_params(r)}]@{r.arch}"))
+                    t.add_row(r.key[:12], Text(r.label))
                 console.print(t)
         if report.changed:
             t = Table(title="changed")
@@ -385,7 +377,7 @@ def stale_(registry: str, spec_paths: Sequence[str], as_json: bool) -> None:
         for s in found:
             t.add_row(
                 s.row.key[:12],
-                Text(f"{s.row.family}[{_params(s.row)}]@{s.row.arch}"),
+                Text(s.row.label),
                 Text("; ".join(s.reasons)),
             )
         console.print(t)

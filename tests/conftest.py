@@ -45,7 +45,7 @@ def cli() -> CliRunner:
 
 
 def run_compile(
-    *args: str, cwd: Path | None = None, check: bool = True, timeout: float = 1800
+    *args: str, cwd: Path | None = None, check: bool = True, timeout: float = 1800, env: dict | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run b12x-compile in a subprocess (its workers must be real processes)."""
     proc = subprocess.run(
@@ -55,6 +55,7 @@ def run_compile(
         cwd=cwd or ROOT,
         timeout=timeout,
         check=False,
+        env=env,
     )
     if check and proc.returncode != 0:
         raise AssertionError(

@@ -38,25 +38,9 @@ def test_a_variant_past_its_timeout_fails_alone(tmp_path: Path) -> None:
         ONE_ARCH.replace("b12x_aot.kernels.topk_sum:TopKSum", "slowkernels.topk_sum:TopKSum"),
     )
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "pkgs")}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "b12x_aot.compiler",
-            str(spec),
-            "--registry",
-            str(tmp_path / "r.db"),
-            "-j",
-            "2",
-            "--timeout",
-            "20",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=600,
+    db = str(tmp_path / "r.db")
+    proc = run_compile(
+        str(spec), "--registry", db, "-j", "2", "--timeout", "20", "--json", env=env, timeout=600, check=False
     )
     assert proc.returncode == 1, proc.stderr
     summary = json.loads(proc.stdout)
@@ -66,23 +50,7 @@ def test_a_variant_past_its_timeout_fails_alone(tmp_path: Path) -> None:
         assert "output=bf16" in failure["variant"]
         assert failure["stage"] == "worker" and "exceeded the 20 s timeout" in failure["reason"]
     # A timeout is not a verdict on the inputs: the next plan retries it.
-    again = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "b12x_aot.compiler",
-            str(spec),
-            "--registry",
-            str(tmp_path / "r.db"),
-            "--dry-run",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        check=True,
-    )
+    again = run_compile(str(spec), "--registry", db, "--dry-run", "--json", env=env)
     counts = json.loads(again.stdout)["counts"]
     assert counts["present"] == 2 and counts["new"] == 2 and counts["failed"] == 0
 

@@ -14,7 +14,7 @@ import pytest
 
 from b12x_aot.loader import Registry
 
-from ..conftest import ROOT, TOPK_SMALL, write_spec
+from ..conftest import ROOT, TOPK_SMALL, run_compile, write_spec
 
 pytestmark = pytest.mark.dsl
 
@@ -78,10 +78,7 @@ def two_families(tmp_path: Path, env: dict, small_spec_dir: Path) -> tuple[Path,
 
 
 def compile_(env: dict, *args: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "b12x_aot.compiler", *args], capture_output=True, text=True, cwd=ROOT, env=env
-    )
-    assert proc.returncode == 0, proc.stderr + proc.stdout
+    run_compile(*args, env=env)
 
 
 def test_diff_two_variants_shows_the_cta_threads_change(built_registry: Path) -> None:
@@ -177,25 +174,7 @@ def test_editing_a_kernel_copy_makes_exactly_that_family_stale(
         assert item["variant"].startswith("test.topk_copy[")
         assert item["reasons"] == ["source changed: testkernels.topk_sum"]
     # and the build plan agrees
-    plan = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "b12x_aot.compiler",
-            str(specs),
-            "--registry",
-            str(db),
-            "--arch",
-            "sm_90a",
-            "--dry-run",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        check=True,
-    )
+    plan = run_compile(str(specs), "--registry", str(db), "--arch", "sm_90a", "--dry-run", "--json", env=env)
     states = {
         (v["family"], v["state"]) for v in json.loads(plan.stdout)["variants"] if v["state"] != "rejected"
     }
