@@ -59,13 +59,19 @@ class CompileOutcome:
     sass: SassHistogram | None = None
 
 
-def prepare_worker(arch: str) -> None:
-    """Bind this process to ``arch`` and import the DSL once. Call before anything else."""
+def prepare_worker(arch: str, scratch: str) -> None:
+    """Bind this process to ``arch`` and import the DSL once. Call before anything else.
+
+    Everything the worker writes (DSL dumps, nvdisasm inputs) goes into a fresh directory under
+    ``scratch``, which the caller owns and removes, also after killing the worker.
+    """
     os.environ["CUTE_DSL_ARCH"] = arch
-    workdir = tempfile.mkdtemp(prefix=f"b12x-compile-{arch}-")
+    workdir = tempfile.mkdtemp(prefix=f"{arch}-", dir=scratch)
     # --keep-cubin also writes a file named without the compile-time constants; keep those
     # private to this worker so variants of one kernel never read each other's dumps.
     os.environ["CUTE_DSL_DUMP_DIR"] = workdir
+    os.environ["TMPDIR"] = workdir  # the DSL makes a cache directory under it at import
+    tempfile.tempdir = workdir
     os.chdir(workdir)
     import cutlass  # noqa: F401  (imported once per worker, after the arch is set)
 

@@ -10,6 +10,8 @@ holds: a job past its timeout gets its worker killed and replaced, and a worker 
 from __future__ import annotations
 
 import multiprocessing as mp
+import shutil
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -24,8 +26,8 @@ __all__ = ["run_jobs"]
 _START_TIMEOUT = 300.0  # seconds for a worker to import the DSL
 
 
-def _worker_main(arch: str, conn: Connection) -> None:
-    prepare_worker(arch)
+def _worker_main(arch: str, scratch: str, conn: Connection) -> None:
+    prepare_worker(arch, scratch)
     conn.send(("ready", None))
     while True:
         job = conn.recv()
@@ -44,9 +46,11 @@ class _Worker:
     started: float = field(default_factory=time.monotonic)
 
 
-def _spawn(ctx: Any, arch: str) -> _Worker:
+def _spawn(ctx: Any, arch: str, scratch: str) -> _Worker:
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_worker_main, args=(arch, child), daemon=True, name=f"b12x-compile-{arch}")
+    proc = ctx.Process(
+        target=_worker_main, args=(arch, scratch, child), daemon=True, name=f"b12x-compile-{arch}"
+    )
     proc.start()
     child.close()
     return _Worker(arch, proc, parent)
@@ -85,6 +89,7 @@ def run_jobs(
     if not jobs:
         return
     ctx = mp.get_context("spawn")
+    scratch = tempfile.mkdtemp(prefix="b12x-compile-")
     pending: deque[CompileJob] = deque(sorted(jobs, key=lambda j: j.arch))
     pool: list[_Worker] = []
     try:
@@ -103,7 +108,7 @@ def run_jobs(
             while len(pool) < workers and pending:
                 busy_archs = [w.arch for w in pool]
                 arch = next((j.arch for j in pending if j.arch not in busy_archs), pending[0].arch)
-                pool.append(_spawn(ctx, arch))
+                pool.append(_spawn(ctx, arch, scratch))
             if not pool:
                 break
             ready = wait([w.conn for w in pool] + [w.process.sentinel for w in pool], timeout=1.0)
@@ -161,3 +166,4 @@ def run_jobs(
     finally:
         for worker in pool:
             _stop(worker, kill=worker.job is not None)
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -37,7 +37,9 @@ def test_a_variant_past_its_timeout_fails_alone(tmp_path: Path) -> None:
         "slow.yaml",
         ONE_ARCH.replace("b12x_aot.kernels.topk_sum:TopKSum", "slowkernels.topk_sum:TopKSum"),
     )
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "pkgs")}
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "pkgs"), "TMPDIR": str(temp)}
     db = str(tmp_path / "r.db")
     proc = run_compile(
         str(spec), "--registry", db, "-j", "2", "--timeout", "20", "--json", env=env, timeout=600, check=False
@@ -49,6 +51,8 @@ def test_a_variant_past_its_timeout_fails_alone(tmp_path: Path) -> None:
     for failure in summary["failed"]:
         assert "output=bf16" in failure["variant"]
         assert failure["stage"] == "worker" and "exceeded the 20 s timeout" in failure["reason"]
+    # Workers' scratch (DSL dumps, nvdisasm inputs) is gone, also that of the killed workers.
+    assert list(temp.iterdir()) == []
     # A timeout is not a verdict on the inputs: the next plan retries it.
     again = run_compile(str(spec), "--registry", db, "--dry-run", "--json", env=env)
     counts = json.loads(again.stdout)["counts"]

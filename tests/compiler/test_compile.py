@@ -40,13 +40,13 @@ def test_builds_all_three_archs(built_registry: Path) -> None:
         assert kernel.registers and kernel.registers > 0
 
 
-def _compile_in_fresh_process(spec_dir: Path, arch: str) -> str:
+def _compile_in_fresh_process(spec_dir: Path, arch: str, scratch: Path) -> str:
     code = (
         "import sys, hashlib\n"
         "from b12x_aot.compiler._driver import prepare_worker, compile_job, CompileJob\n"
         "from b12x_aot.compiler._spec import load_spec\n"
         "from b12x_aot.compiler._variants import expand\n"
-        f"prepare_worker({arch!r})\n"
+        f"prepare_worker({arch!r}, {str(scratch)!r})\n"
         f"spec = load_spec({str(spec_dir / 'topk_small.yaml')!r})\n"
         f"v = expand(spec, archs=[{arch!r}])[0][0]\n"
         "o = compile_job(CompileJob(v.key, v.label, v.arch, spec.kernel, v.params, v.args, spec.geometry.to_json(), spec.limits, '--keep-cubin --opt-level 3'))\n"
@@ -59,9 +59,9 @@ def _compile_in_fresh_process(spec_dir: Path, arch: str) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def test_two_compiles_give_identical_bytes(small_spec_dir: Path, built_registry: Path) -> None:
-    first = _compile_in_fresh_process(small_spec_dir, "sm_90a")
-    second = _compile_in_fresh_process(small_spec_dir, "sm_90a")
+def test_two_compiles_give_identical_bytes(small_spec_dir: Path, built_registry: Path, tmp_path: Path) -> None:
+    first = _compile_in_fresh_process(small_spec_dir, "sm_90a", tmp_path)
+    second = _compile_in_fresh_process(small_spec_dir, "sm_90a", tmp_path)
     assert first == second
     with sqlite3.connect(built_registry) as db:
         recorded = {row[0] for row in db.execute("SELECT artifact_sha256 FROM variants")}
