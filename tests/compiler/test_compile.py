@@ -59,7 +59,9 @@ def _compile_in_fresh_process(spec_dir: Path, arch: str, scratch: Path) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def test_two_compiles_give_identical_bytes(small_spec_dir: Path, built_registry: Path, tmp_path: Path) -> None:
+def test_two_compiles_give_identical_bytes(
+    small_spec_dir: Path, built_registry: Path, tmp_path: Path
+) -> None:
     first = _compile_in_fresh_process(small_spec_dir, "sm_90a", tmp_path)
     second = _compile_in_fresh_process(small_spec_dir, "sm_90a", tmp_path)
     assert first == second
