@@ -29,37 +29,14 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint32
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 from ._base import AotKernel, dsl_dtype
+from ._ptx import prmt
 
 __all__ = ["Mxfp8Quant"]
 
 BLOCK = 32  # elements per scale
 ROUNDINGS = ("floor", "ceil")
-
-
-@dsl_user_op
-def _prmt(a: Uint32, b: Uint32, selector: int, *, loc=None, ip=None) -> Uint32:
-    """``prmt.b32``: pick four bytes of ``{b, a}`` (pure, unlike ``cute.arch.prmt``)."""
-    return Uint32(
-        llvm.inline_asm(
-            T.i32(),
-            [
-                Uint32(a).ir_value(loc=loc, ip=ip),
-                Uint32(b).ir_value(loc=loc, ip=ip),
-                Int32(selector).ir_value(loc=loc, ip=ip),
-            ],
-            "prmt.b32 $0, $1, $2, $3;",
-            "=r,r,r,n",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc,
-            ip=ip,
-        )
-    )
 
 
 class Mxfp8Quant(AotKernel):
@@ -134,7 +111,7 @@ class Mxfp8Quant(AotKernel):
                 # satfinite turns NaN into NaN, but neither the fp32 multiply nor the conversion
                 # promises to keep a NaN's sign: put the input's sign bit back on every NaN byte.
                 w = qw[j]
-                signs = _prmt(words[2 * j], words[2 * j + 1], 0x7531)  # high byte of each input
+                signs = prmt(words[2 * j], words[2 * j + 1], 0x7531)  # high byte of each input
                 nan = ((w & Uint32(0x7F7F7F7F)) + Uint32(0x01010101)) & Uint32(0x80808080)
                 out_words[j] = (w & ~nan) | (signs & nan)
             cute.autovec_copy(out, m_q[None, blk])

@@ -2,17 +2,10 @@
 
 ``out[t, j, :] = round_once(a[t] @ dequant(w[e]).T)`` for every route ``r = t * topk + j`` with
 ``e = route_ids[t, j]`` valid, where ``dequant(w)[n, k] = int4(w)[n, k] * s[n, k // group]``,
-products are accumulated in fp32 by warp-level ``mma.sync`` m16n8k16, and the sum is rounded
-once (to nearest even) to the output dtype. Weights ``w[e_cap, n, k / 2]`` (u8) hold two signed
-int4 per byte, low nibble first; scales ``s[e_cap, n, k / group]`` are in the activation dtype.
-Rows of invalid routes are exact zeros and no weight is read for them. Only ``out`` is written.
-
-Tensor-core operands, two ways (both deterministic; chosen by the variant's params):
-
-- decode tiles (``block_m == 16`` and ``group % tile_k == 0``): the exact int4 is the operand;
-  each k-tile's fp32 partial sum is multiplied by its scale in fp32 and added to the output
-  accumulator (``dequant`` is used exactly; one packed multiply per weight pair saved);
-- otherwise: ``round_to_activation_dtype(int4 * s)`` is the operand.
+products are accumulated in fp32 by tensor-core MMAs and the sum is rounded once (to nearest
+even) to the output dtype. Weights ``w[e_cap, n, k / 2]`` (u8) hold two signed int4 per byte,
+low nibble first; scales ``s[e_cap, n, k / group]`` are in the activation dtype. Rows of
+invalid routes are exact zeros and no weight is read for them. Only ``out`` is written.
 
 The GEMM walks the blocks that ``moe.route_pack`` wrote into ``scratch`` (see
 :mod:`.route_pack` for the layout); it must be launched with the same ``num_tokens``. Grid:
@@ -22,19 +15,18 @@ past ``min(num_experts, e_cap)``); CTAs past the blocks used return at once.
 
 Per CTA: the block's ``tile_n x k / group`` scale slab is copied to shared memory once, then
 ``block_m x tile_k`` activation rows (gathered by route, padding rows skipped) and the
-``tile_n x tile_k / 2`` packed weights stream through a ``stages``-deep ``cp.async`` ring.
-Warps split ``tile_n`` only: each warp owns every row and ``tile_n / warps`` columns, and every
-warp walks the same k-slices in the same order. Lane ``(g, c) = (lane // 4, lane % 4)`` of a
-warp takes, for each 64-wide k-chunk, the 16 contiguous k's ``[16c, 16c + 16)`` of its weight
-rows (8 bytes, one ``ld.shared.v2``) and of its activation rows, so neither operand needs a
-shuffle: MMA k-slot ``2c + v`` of step ``s`` is k ``16c + 4s + v``, slot ``2c + 8 + v`` is k
-``16c + 4s + 2 + v``, identically for A and B. Nibbles become operands with ``prmt`` + one
-``lop3`` (magic-exponent trick: ``0x4300 | (q ^ 8)`` is the bf16 ``136 + q``) and one exact
-packed subtract, then (non-decode tiles) one packed multiply by the scale.
+``tile_n x tile_k / 2`` packed weights stream through a ``stages``-deep ``cp.async`` ring. The
+tensor-core operand is ``round_to_activation_dtype(int4 * s)`` (:mod:`._w4a16_dequant`), except
+on decode tiles with ``group % tile_k == 0``, where the exact int4 is the operand and each
+k-tile's fp32 partial sum takes its scale in fp32. Two k-loops, chosen by arch and params:
 
-CTA-size invariance: each accumulator element receives the same MMAs, on the same operand
-values, in the same k order, whatever ``cta_threads`` is; only which warp issues them changes.
-So variants that differ only in ``cta_threads`` give bit-identical outputs.
+- sm_90a tiles with ``tile_k == 64``, ``stages >= 3`` and whole m64 chunks per warpgroup:
+  ``wgmma`` with the weights as the register operand (:mod:`._w4a16_wgmma`);
+- everything else, every arch: warp-level ``mma.sync`` (:mod:`._w4a16_mma`).
+
+CTA-size invariance: in both, each accumulator element receives the same MMAs, on the same
+operand values, in the same k order, whatever ``cta_threads`` is; only which warp issues them
+changes. So variants that differ only in ``cta_threads`` give bit-identical outputs.
 """
 
 from __future__ import annotations
@@ -42,19 +34,18 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64, Uint8, Uint16, Uint32
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass import Float32, Int32, Uint8, Uint16, Uint32
+from cutlass.base_dsl import Arch
+from cutlass.cutlass_dsl import BaseDSL
 
 from ._base import AotKernel, dsl_dtype
+from ._ptx import cp_async_16_l2_256
+from ._w4a16_dequant import DTYPES
+from ._w4a16_mma import MmaSyncMainloop
+from ._w4a16_wgmma import WgmmaMainloop
 from .route_pack import HEADER_WORDS
 
 __all__ = ["W4A16", "smem_bytes"]
-
-# Per activation dtype: magic high half for 128 + u (bf16) / 1024 + u (fp16) with u = q ^ 8,
-# the packed pair (1, 1) and the packed pair -(magic + 8), so (x * 1) + bias = q exactly.
-_MAGIC = {"bf16": (0x43084308, 0x3F803F80, 0xC308C308), "fp16": (0x64086408, 0x3C003C00, 0xE408E408)}
-_FMA = {"bf16": "fma.rn.bf16x2", "fp16": "fma.rn.f16x2"}
 
 
 def smem_bytes(
@@ -73,43 +64,7 @@ def _scale_row_bytes(k: int, group: int, size: int) -> int:
     return row + (16 if row // 16 % 2 == 0 else 0)
 
 
-@dsl_user_op
-def _asm_u32(ptx: str, *operands: Uint32, loc=None, ip=None) -> Uint32:
-    """One pure PTX instruction with a ``.b32`` result and ``.b32`` operands."""
-    values = [Uint32(x).ir_value(loc=loc, ip=ip) for x in operands]
-    constraint = "=r" + ",r" * len(values)
-    return Uint32(
-        llvm.inline_asm(
-            T.i32(),
-            values,
-            ptx,
-            constraint,
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
-
-
-@dsl_user_op
-def _cp_async_16_l2_256(dst: Int32, src: Int64, *, loc=None, ip=None) -> None:
-    """16-byte ``cp.async`` with an L2 hint to fetch the surrounding 256 bytes.
-
-    A weight row is read 32 or 64 bytes per k-tile, so the next k-tiles can find theirs in L2.
-    On an H200 this measured neutral against the default 128-byte hint (decode within noise).
-    """
-    llvm.inline_asm(
-        None,
-        [Int32(dst).ir_value(loc=loc, ip=ip), Int64(src).ir_value(loc=loc, ip=ip)],
-        "cp.async.cg.shared.global.L2::256B [$0], [$1], 16;",
-        "r,l,~{memory}",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-
-
-class W4A16(AotKernel):
+class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
     def __init__(
         self,
         geometry,
@@ -142,11 +97,10 @@ class W4A16(AotKernel):
             cta_threads=cta_threads,
             e_cap=e_cap,
         )
-        if element not in _MAGIC:
+        if element not in DTYPES:
             raise ValueError(f"element must be bf16 or fp16 (got {element!r})")
+        self.elem_name = element
         self.element, self.output = dsl_dtype(element), dsl_dtype(output)
-        self.magic, self.one, self.bias = _MAGIC[element]
-        self.fma = _FMA[element]
         self.topk, self.n, self.k, self.group = topk, n, k, group
         self.bm, self.tn, self.tk, self.stages, self.threads, self.e_cap = (
             block_m,
@@ -246,7 +200,7 @@ class W4A16(AotKernel):
                         cute.autovec_copy(zero, m_out[None, col])
 
     @cute.jit
-    def issue(self, kt: Int32, slot: Int32, atom_a, g_a, s_a, a_src, a_ok, g_w, s_w, w_src, tid: Int32):
+    def issue(self, kt: Int32, slot: Int32, atom_a, g_a, s_a, a_src, g_w, s_w, w_src, tid: Int32):
         """Start the ``cp.async`` copies of k-tile ``kt`` into ring slot ``slot``."""
         qa, qw = self.qa, self.qw
         rows_per_pass = self.threads // qa
@@ -254,7 +208,7 @@ class W4A16(AotKernel):
         units = self.tk // 4  # 16-byte units per (row g, row g + 8) pair of an m16 atom
         for i in cutlass.range_constexpr(self.ra):
             r = tid // qa + i * rows_per_pass
-            if a_ok[i] != 0:
+            if a_src[i] >= 0:
                 src = a_src[i] + kt * (self.tk // 2)  # in 4-byte words
                 if cutlass.const_expr(self.interleave):
                     # Words 4q..4q+3 of row r, each to its place in the row-interleaved layout.
@@ -271,13 +225,13 @@ class W4A16(AotKernel):
         for i in cutlass.range_constexpr(-(-total // self.threads)):
             c = tid + i * self.threads
             n_, qq = c // qw, c % qw
-            dst = slot * total + (qq // 2) * (self.tn * 2) + n_ * 2 + qq % 2
+            dst = slot * total + (qq // 2) * (self.tn * 2) + n_ * 2 + ((qq % 2) ^ ((n_ // 4) % 2))
             src = g_w[None, w_src + n_ * (self.k // 32) + kt * qw + qq].iterator.toint()
             if cutlass.const_expr(total % self.threads == 0):
-                _cp_async_16_l2_256(s_w[None, dst].iterator.toint(), src)
+                cp_async_16_l2_256(s_w[None, dst].iterator.toint(), src)
             else:
                 if c < total:
-                    _cp_async_16_l2_256(s_w[None, dst].iterator.toint(), src)
+                    cp_async_16_l2_256(s_w[None, dst].iterator.toint(), src)
 
     @cute.jit
     def gemm_block(
@@ -286,19 +240,19 @@ class W4A16(AotKernel):
         """The ``block_m x tile_n`` tile of one expert block: mainloop and epilogue."""
         bm, tn, tk, stages = self.bm, self.tn, self.tk, self.stages
         qa, qw = self.qa, self.qw
-        lane, warp = tid % 32, tid // 32
-        g, c = lane // 4, lane % 4
+        lane = tid % 32
         elem = self.element
         k32 = self.k // 32
 
         a_stage, w_stage = bm * tk * 2, tn * tk // 2
-        base = cutlass.memory.SmemAllocator().allocate_array(Uint8, self.static.smem, byte_alignment=128)
+        base = cutlass.memory.SmemAllocator().allocate_array(Uint8, self.static.smem, byte_alignment=1024)
         # Activations. Interleaved (block_m 16): 16-byte unit (g, p) of an m16 atom holds words
         # 2p, 2p + 1 of rows g and g + 8 as [g:2p, g+8:2p, g:2p+1, g+8:2p+1], exactly an MMA A
         # fragment, at unit p ^ g; filled by 4-byte cp.async, read by one ld.shared.v4 per MMA
         # step. Otherwise plain rows of 16-byte chunks (chunk q at q ^ (row % 8)), filled by
-        # 16-byte cp.async, whose fragments take register moves. Both feed the MMAs the same
-        # values, so the choice never changes a result bit.
+        # 16-byte cp.async and read by ldmatrix (conflict-free thanks to the swizzle).
+        # Weights: per 64-wide k-chunk, 32 bytes per row n, its 16-byte halves swapped when
+        # n & 4: eight consecutive rows' same halves then hit distinct banks.
         s_a32 = cute.make_tensor(
             cute.recast_ptr(base, dtype=Uint32), cute.make_layout((4, stages * bm * qa), stride=(1, 4))
         )
@@ -313,6 +267,10 @@ class W4A16(AotKernel):
         s_w32 = cute.make_tensor(
             cute.recast_ptr(w_base, dtype=Uint32), cute.make_layout((2, stages * tn * qw * 2), stride=(1, 2))
         )
+        if cutlass.const_expr(not self.interleave):
+            s_w32 = cute.make_tensor(
+                cute.recast_ptr(w_base, dtype=Uint32), cute.make_layout((4, stages * tn * qw), stride=(1, 4))
+            )
         s_base = base + stages * (a_stage + w_stage)
         s_s = cute.make_tensor(
             cute.recast_ptr(s_base, dtype=elem), cute.make_layout((8, tn * self.srow // 8), stride=(1, 8))
@@ -347,17 +305,14 @@ class W4A16(AotKernel):
         # This thread's activation rows: gathered token offsets, and whether to load them at all.
         rows_per_pass = self.threads // qa
         ra = self.ra
-        a_src = cute.make_rmem_tensor((ra,), Int32)
-        a_ok = cute.make_rmem_tensor((ra,), Int32)
+        a_src = cute.make_rmem_tensor((ra,), Int32)  # -1: no row to load
         for i in cutlass.range_constexpr(ra):
             r = tid // qa + i * rows_per_pass
-            a_src[i] = 0
-            a_ok[i] = 0
+            a_src[i] = -1
             if r < bm:
                 route = sc[rows + r]
                 if route >= 0:
                     a_src[i] = (route // self.topk) * (self.k // 2) + (tid % qa) * 4
-                    a_ok[i] = 1
         row0 = expert * self.n + nt * tn
         w_src = row0 * k32
 
@@ -366,121 +321,54 @@ class W4A16(AotKernel):
             cute.copy(
                 atom_s, g_s[None, row0 * chunks + i], s_s[None, (i // chunks) * (self.srow // 8) + i % chunks]
             )
-        for s in cutlass.range_constexpr(stages - 1):
-            self.issue(Int32(s), Int32(s), atom_a, g_a, s_a, a_src, a_ok, g_w, s_w, w_src, tid)
+        for s in cutlass.range_constexpr(self.ahead()):
+            self.issue(Int32(s), Int32(s), atom_a, g_a, s_a, a_src, g_w, s_w, w_src, tid)
             cute.arch.cp_async_commit_group()
 
-        acc = cute.make_rmem_tensor((4, self.ma, self.na), Float32)
-        acc.fill(0.0)
-        for kt in range(self.kt_count):
-            cute.arch.cp_async_wait_group(stages - 2)
-            cute.arch.sync_threads()
-            nxt = kt + stages - 1
-            if nxt < self.kt_count:
-                self.issue(nxt, nxt % stages, atom_a, g_a, s_a, a_src, a_ok, g_w, s_w, w_src, tid)
-            cute.arch.cp_async_commit_group()
-            self.compute(kt, kt % stages, acc, s_a32, s_w32, (s_s16, s_se), mma, warp, g, c)
+        # ldmatrix address of step 0: lane 8m + i reads row (m % 2) * 8 + i of an m16 atom, at
+        # 16-byte chunk m // 2, swizzled by the row (whose low 3 bits are i). Step s reads chunk
+        # 2s + m // 2: the address XOR (s << 5), as rows and the tile base are 128-byte aligned.
+        a_row0 = (
+            base.toint() + (((lane // 8) % 2) * 8 + lane % 8) * (qa * 16) + (((lane // 16) ^ (lane % 8)) * 16)
+        )
+        if cutlass.const_expr(self.uses_wgmma()):
+            self.mainloop_wgmma(
+                m_out,
+                sc,
+                rows,
+                nt,
+                base.toint(),
+                s_w32,
+                s_s16,
+                (atom_a, g_a, s_a, a_src, g_w, s_w, w_src),
+                tid,
+            )
+        else:
+            self.mainloop_mma(
+                m_out,
+                sc,
+                rows,
+                nt,
+                (a_row0, s_a32, s_w32, s_s16, s_se, mma),
+                (atom_a, g_a, s_a, a_src, g_w, s_w, w_src),
+                tid,
+            )
 
-        # Epilogue: round once, store the two adjacent columns of each row this lane holds.
-        half = cute.make_tensor(m_out.iterator, cute.make_layout((2, cute.size(m_out) // 2), stride=(1, 2)))
-        y = cute.make_rmem_tensor((2,), self.output)
-        for mi in cutlass.range_constexpr(self.ma):
-            for h in cutlass.range_constexpr(2):
-                route = sc[rows + mi * 16 + h * 8 + g]
-                if route >= 0:
-                    for at in cutlass.range_constexpr(self.na):
-                        col = nt * tn + warp * self.nw + at * 8 + 2 * c
-                        y[0] = acc[2 * h, mi, at].to(self.output)
-                        y[1] = acc[2 * h + 1, mi, at].to(self.output)
-                        cute.autovec_copy(y, half[None, (route * self.n + col) // 2])
+    def uses_wgmma(self) -> bool:
+        """sm_90a prefill tiles run warpgroup MMAs: weights as the register A operand (64 rows per
+        warpgroup and m64 chunk), the block's activation rows as the shared-memory B operand."""
+        arch = BaseDSL._get_dsl().get_arch_enum()
+        return (
+            arch == Arch.sm_90a
+            and not self.interleave
+            and self.tk == 64
+            and self.stages >= 3
+            and self.threads % 128 == 0
+            and self.tn % 64 == 0
+            and (self.tn // 64) % (self.threads // 128) == 0
+        )
 
-    @cute.jit
-    def compute(
-        self, kt: Int32, slot: Int32, acc, s_a32, s_w32, scale_views, mma, warp: Int32, g: Int32, c: Int32
-    ):
-        """All MMAs of one k-tile for this warp, in ascending k."""
-        bm, tn, qa = self.bm, self.tn, self.qa
-        elem = self.element
-        na, ma = self.na, self.ma
-        s_s16, s_se = scale_views
-        target = acc
-        if cutlass.const_expr(self.fp32_scale):
-            target = cute.make_rmem_tensor((4, ma, na), Float32)
-            target.fill(0.0)
-        for j in cutlass.range_constexpr(self.tk // 64):
-            # Packed weights (16 nibbles = k in [16c, 16c + 16) of this 64-chunk) and scale pairs.
-            wq = cute.make_rmem_tensor((2, na), Uint32)
-            sp2 = cute.make_rmem_tensor((na,), Uint32)
-            grp = (kt * self.tk + 64 * j + 16 * c) // self.group
-            for at in cutlass.range_constexpr(na):
-                nl = warp * self.nw + at * 8 + g
-                cute.autovec_copy(
-                    s_w32[None, slot * (tn * self.qw * 2) + j * (tn * 4) + nl * 4 + c], wq[None, at]
-                )
-                if cutlass.const_expr(not self.fp32_scale):
-                    s = Uint32(s_s16[nl * self.srow + grp])
-                    sp2[at] = s | (s << 16)
-            units = self.tk // 4
-            for sp in cutlass.range_constexpr(2):
-                av = cute.make_rmem_tensor((4, 2, ma), Uint32)  # words, row half, m-atom
-                if cutlass.const_expr(not self.interleave):
-                    chunk = (8 * j + 2 * c + sp) ^ g
-                    for mi in cutlass.range_constexpr(ma):
-                        for h in cutlass.range_constexpr(2):
-                            r = mi * 16 + h * 8 + g
-                            cute.autovec_copy(s_a32[None, (slot * bm + r) * qa + chunk], av[None, h, mi])
-                for t in cutlass.range_constexpr(2):
-                    step = 2 * sp + t
-                    afr = cute.make_rmem_tensor((4, ma), Uint32)
-                    bfr = cute.make_rmem_tensor((2, na), Uint32)
-                    for mi in cutlass.range_constexpr(ma):
-                        if cutlass.const_expr(self.interleave):
-                            unit = (
-                                slot * (bm * units // 2)
-                                + mi * (8 * units)
-                                + g * units
-                                + ((16 * j + 4 * c + step) ^ g)
-                            )
-                            cute.autovec_copy(s_a32[None, unit], afr[None, mi])
-                        else:
-                            afr[0, mi] = av[2 * t, 0, mi]
-                            afr[1, mi] = av[2 * t, 1, mi]
-                            afr[2, mi] = av[2 * t + 1, 0, mi]
-                            afr[3, mi] = av[2 * t + 1, 1, mi]
-                    for at in cutlass.range_constexpr(na):
-                        x = wq[sp, at]
-                        x4 = x >> 4
-                        for e in cutlass.range_constexpr(2):
-                            byte = 2 * t + e
-                            sel = byte | (byte << 4) | ((byte + 4) << 8) | ((byte + 4) << 12)
-                            v = (
-                                _asm_u32(f"prmt.b32 $0, $1, $2, {sel};", x, x4) & Uint32(0x000F000F)
-                            ) ^ Uint32(self.magic)
-                            q = _asm_u32(
-                                f"{self.fma} $0, $1, $2, $3;", v, Uint32(self.one), Uint32(self.bias)
-                            )
-                            if cutlass.const_expr(self.fp32_scale):
-                                bfr[e, at] = q
-                            else:
-                                bfr[e, at] = _asm_u32(
-                                    f"{self.fma} $0, $1, $2, $3;", q, sp2[at], Uint32(0x80008000)
-                                )
-                    a_op = cute.make_tensor(
-                        cute.recast_ptr(afr.iterator, dtype=elem),
-                        cute.make_layout((8, ma, 1), stride=(1, 8, 8 * ma)),
-                    )
-                    b_op = cute.make_tensor(
-                        cute.recast_ptr(bfr.iterator, dtype=elem),
-                        cute.make_layout((4, na, 1), stride=(1, 4, 4 * na)),
-                    )
-                    cute.gemm(mma, target, a_op, b_op, target)
-        if cutlass.const_expr(self.fp32_scale):
-            # The lane's accumulators are columns 2c and 2c + 1 of each atom: one scale each.
-            grp = (kt * self.tk) // self.group
-            for at in cutlass.range_constexpr(na):
-                col = warp * self.nw + at * 8 + 2 * c
-                s0 = s_se[col * self.srow + grp].to(Float32)
-                s1 = s_se[(col + 1) * self.srow + grp].to(Float32)
-                for mi in cutlass.range_constexpr(ma):
-                    for e in cutlass.range_constexpr(4):
-                        acc[e, mi, at] = acc[e, mi, at] + (s1 if e % 2 else s0) * target[e, mi, at]
+    def ahead(self) -> int:
+        """k-tiles in flight ahead of the one computed: the ring holds them, the one being read
+        and, for wgmma, the one the previous (still running) wgmmas read."""
+        return self.stages - 2 if self.uses_wgmma() else self.stages - 1

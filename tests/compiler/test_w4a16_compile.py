@@ -70,6 +70,25 @@ def test_subset_builds_for_every_arch_with_tensor_cores_and_no_spills(small_w4a1
         assert len(set(regs.values())) > 1 and regs[256] != regs[512], f"{arch}: {regs}"
 
 
+def test_prefill_tile_runs_wgmma_on_sm90a_only(tmp_path: Path) -> None:
+    # The one prefill tile of the subset: sm_90a takes the warpgroup-MMA k-loop (HGMMA, weights as
+    # the register operand), the other archs the warp-level one (HMMA); both without spills.
+    db = tmp_path / "kernels.db"
+    picks = ("element=bf16", "output=bf16", "n=256", "group=128", "block_m=64", "tile_k=64")
+    run_compile(str(W4A16), "--registry", str(db), "-j", "2", *[a for p in picks for a in ("--where", p)])
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT v.arch, k.spill_store_bytes, k.sass_json FROM current_variants c "
+            "JOIN variants v ON v.id = c.variant_id JOIN kernels k ON k.variant_id = v.id"
+        ).fetchall()
+    mma = {
+        arch: {op.split(".")[0] for op in json.loads(sass)["opcodes"] if "MMA" in op}
+        for arch, _, sass in rows
+    }
+    assert mma == {"sm_90a": {"HGMMA"}, "sm_100a": {"HMMA"}, "sm_120a": {"HMMA"}}
+    assert all(spill == 0 for _, spill, _ in rows)
+
+
 def test_param_tables_match_the_spec_args() -> None:
     spec = load_spec(W4A16)
     names = [(a.name, a.kind, a.dtype, a.intent) for a in spec.args]

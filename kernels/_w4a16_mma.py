@@ -1,0 +1,204 @@
+"""``moe.w4a16`` mainloops on warp-level ``mma.sync`` m16n8k16 (every arch).
+
+Warps split ``tile_n`` only: each warp owns every row of the block and ``tile_n / warps``
+columns, and every warp walks the same k-slices in the same order, so each accumulator gets the
+same MMAs whatever ``cta_threads`` is. Activations are the A operand, dequantized weights B.
+
+- Decode blocks (``block_m == 16``), interleaved: lane ``(g, c)`` takes, for each 64-wide
+  k-chunk, the 16 contiguous k's ``[16c, 16c + 16)`` of its weight rows (8 bytes, one
+  ``ld.shared.v2``) and of its activation rows, whose tile is stored row-interleaved so one
+  ``ld.shared.v4`` is an A fragment: MMA k-slot ``2c + v`` of step ``s`` is k ``16c + 4s + v``,
+  slot ``2c + 8 + v`` is k ``16c + 4s + 2 + v``, identically for A and B. When
+  ``group % tile_k == 0`` the exact int4 is the operand and each k-tile's fp32 partial sum takes
+  its scale in fp32.
+- Larger blocks, rows: natural k order; A fragments by ``ldmatrix`` from the swizzled row tile,
+  and lane ``(g, c)`` takes byte ``c`` of each word of its weight row (one broadcast 16-byte load
+  per two steps).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Uint32
+
+from ._ptx import ldmatrix_x4
+from ._w4a16_dequant import int4_pair, scaled
+
+__all__ = ["MmaSyncMainloop"]
+
+
+class MmaSyncMainloop:
+    """Mixin of :class:`~.w4a16.W4A16`: the ``mma.sync`` k-loop, its operands and epilogue."""
+
+    @cute.jit
+    def mainloop_mma(self, m_out, sc, rows: Int32, nt: Int32, views, copies, tid: Int32):
+        """k-loop of warp-level ``mma.sync`` and the epilogue (every arch; decode tiles)."""
+        a_row0, s_a32, s_w32, s_s16, s_se, mma = views
+        stages, tn = self.stages, self.tn
+        lane, warp = tid % 32, tid // 32
+        g, c = lane // 4, lane % 4
+        # prmt selector: byte c of a word and of the word shifted by 4, into bytes 0 and 2.
+        sel = Uint32(c | (c << 4) | ((c + 4) << 8) | ((c + 4) << 12))
+        acc = cute.make_rmem_tensor((4, self.ma, self.na), Float32)
+        acc.fill(0.0)
+        for kt in range(self.kt_count):
+            cute.arch.cp_async_wait_group(stages - 2)
+            cute.arch.sync_threads()
+            nxt = kt + stages - 1
+            if nxt < self.kt_count:
+                self.issue(nxt, nxt % stages, *copies, tid)
+            cute.arch.cp_async_commit_group()
+            if cutlass.const_expr(self.interleave):
+                self.compute_interleaved(kt, kt % stages, acc, s_a32, s_w32, (s_s16, s_se), mma, warp, g, c)
+            else:
+                self.compute_rows(kt, kt % stages, acc, a_row0, s_w32, s_s16, mma, warp, g, sel)
+
+        # Epilogue: round once, store the two adjacent columns of each row this lane holds.
+        half = cute.make_tensor(m_out.iterator, cute.make_layout((2, cute.size(m_out) // 2), stride=(1, 2)))
+        y = cute.make_rmem_tensor((2,), self.output)
+        for mi in cutlass.range_constexpr(self.ma):
+            for h in cutlass.range_constexpr(2):
+                route = sc[rows + mi * 16 + h * 8 + g]
+                if route >= 0:
+                    for at in cutlass.range_constexpr(self.na):
+                        col = nt * tn + warp * self.nw + at * 8 + 2 * c
+                        y[0] = acc[2 * h, mi, at].to(self.output)
+                        y[1] = acc[2 * h + 1, mi, at].to(self.output)
+                        cute.autovec_copy(y, half[None, (route * self.n + col) // 2])
+
+    @cute.jit
+    def compute_rows(
+        self,
+        kt: Int32,
+        slot: Int32,
+        acc,
+        a_row0: Int32,
+        s_w128,
+        s_s16,
+        mma,
+        warp: Int32,
+        g: Int32,
+        sel: Uint32,
+    ):
+        """All MMAs of one k-tile for this warp, in ascending k: blocks of 32 or more rows.
+
+        MMA step ``s`` of a 64-wide k-chunk takes k ``[16s, 16s + 16)`` in the natural order:
+        A fragments come from ldmatrix, and lane ``(g, c)`` takes byte ``c`` of words ``2s`` and
+        ``2s + 1`` of its weight row's 32-byte chunk (each 16-byte half loaded once, broadcast).
+        """
+        bm, tn, qa = self.bm, self.tn, self.qa
+        na, ma = self.na, self.ma
+        for j in cutlass.range_constexpr(self.tk // 64):
+            wv = cute.make_rmem_tensor((4, na), Uint32)
+            sp2 = cute.make_rmem_tensor((na,), Uint32)
+            for s in cutlass.range_constexpr(4):
+                if cutlass.const_expr(s % 2 == 0):  # the 16-byte half of the chunk for steps s, s + 1
+                    for at in cutlass.range_constexpr(na):
+                        unit = (
+                            slot * (tn * self.qw)
+                            + j * (tn * 2)
+                            + (warp * self.nw + at * 8 + g) * 2
+                            + ((s // 2) ^ (g // 4))
+                        )
+                        cute.autovec_copy(s_w128[None, unit], wv[None, at])
+                if cutlass.const_expr(16 * s % min(self.group, 64) == 0):
+                    grp = (kt * self.tk + 64 * j + 16 * s) // self.group
+                    for at in cutlass.range_constexpr(na):
+                        v = Uint32(s_s16[(warp * self.nw + at * 8 + g) * self.srow + grp])
+                        sp2[at] = v | (v << 16)
+                afr = cute.make_rmem_tensor((4, ma), Uint32)
+                for mi in cutlass.range_constexpr(ma):
+                    x = ldmatrix_x4((a_row0 + (slot * bm + mi * 16) * (qa * 16) + j * 128) ^ (s << 5))
+                    for i in cutlass.range_constexpr(4):
+                        afr[i, mi] = x[i]
+                bfr = cute.make_rmem_tensor((2, na), Uint32)
+                for at in cutlass.range_constexpr(na):
+                    for e in cutlass.range_constexpr(2):
+                        bfr[e, at] = scaled(
+                            int4_pair(wv[2 * (s % 2) + e, at], sel, self.elem_name), sp2[at], self.elem_name
+                        )
+                self.mma_step(mma, acc, afr, bfr)
+
+    def mma_step(self, mma, acc, afr, bfr):
+        """``acc += A x B`` for every (m16, n8) atom pair of this warp's fragments."""
+        a_op = cute.make_tensor(
+            cute.recast_ptr(afr.iterator, dtype=self.element),
+            cute.make_layout((8, self.ma, 1), stride=(1, 8, 8 * self.ma)),
+        )
+        b_op = cute.make_tensor(
+            cute.recast_ptr(bfr.iterator, dtype=self.element),
+            cute.make_layout((4, self.na, 1), stride=(1, 4, 4 * self.na)),
+        )
+        cute.gemm(mma, acc, a_op, b_op, acc)
+
+    @cute.jit
+    def compute_interleaved(
+        self, kt: Int32, slot: Int32, acc, s_a32, s_w32, scale_views, mma, warp: Int32, g: Int32, c: Int32
+    ):
+        """All MMAs of one k-tile for this warp, in ascending k: blocks of 16 rows (decode).
+
+        Lane ``(g, c)`` takes the 16 contiguous k's ``[16c, 16c + 16)`` of each 64-wide chunk of
+        its weight rows (8 bytes, one ld.shared.v2) and, from the interleaved activation tile,
+        the same k's of its rows: MMA k-slot ``2c + v`` of step ``s`` is k ``16c + 4s + v``,
+        slot ``2c + 8 + v`` is k ``16c + 4s + 2 + v``, identically for A and B.
+        """
+        bm, tn = self.bm, self.tn
+        na, ma = self.na, self.ma
+        units = self.tk // 4
+        s_s16, s_se = scale_views
+        target = acc
+        if cutlass.const_expr(self.fp32_scale):
+            target = cute.make_rmem_tensor((4, ma, na), Float32)
+            target.fill(0.0)
+        for j in cutlass.range_constexpr(self.tk // 64):
+            wq = cute.make_rmem_tensor((2, na), Uint32)
+            sp2 = cute.make_rmem_tensor((na,), Uint32)
+            grp = (kt * self.tk + 64 * j + 16 * c) // self.group
+            for at in cutlass.range_constexpr(na):
+                nl = warp * self.nw + at * 8 + g
+                cute.autovec_copy(
+                    s_w32[
+                        None,
+                        slot * (tn * self.qw * 2) + j * (tn * 4) + nl * 4 + ((c // 2) ^ (g // 4)) * 2 + c % 2,
+                    ],
+                    wq[None, at],
+                )
+                if cutlass.const_expr(not self.fp32_scale):
+                    v = Uint32(s_s16[nl * self.srow + grp])
+                    sp2[at] = v | (v << 16)
+            for step in cutlass.range_constexpr(4):
+                sp, t = step // 2, step % 2
+                afr = cute.make_rmem_tensor((4, ma), Uint32)
+                for mi in cutlass.range_constexpr(ma):
+                    unit = (
+                        slot * (bm * units // 2)
+                        + mi * (8 * units)
+                        + g * units
+                        + ((16 * j + 4 * c + step) ^ g)
+                    )
+                    cute.autovec_copy(s_a32[None, unit], afr[None, mi])
+                bfr = cute.make_rmem_tensor((2, na), Uint32)
+                for at in cutlass.range_constexpr(na):
+                    for e in cutlass.range_constexpr(2):
+                        byte = 2 * t + e
+                        q = int4_pair(
+                            wq[sp, at],
+                            byte | (byte << 4) | ((byte + 4) << 8) | ((byte + 4) << 12),
+                            self.elem_name,
+                        )
+                        if cutlass.const_expr(self.fp32_scale):
+                            bfr[e, at] = q  # exact int4; the k-tile's sum takes the scale in fp32
+                        else:
+                            bfr[e, at] = scaled(q, sp2[at], self.elem_name)
+                self.mma_step(mma, target, afr, bfr)
+        if cutlass.const_expr(self.fp32_scale):
+            # The lane's accumulators are columns 2c and 2c + 1 of each atom: one scale each.
+            grp = (kt * self.tk) // self.group
+            for at in cutlass.range_constexpr(na):
+                col = warp * self.nw + at * 8 + 2 * c
+                s0 = s_se[col * self.srow + grp].to(Float32)
+                s1 = s_se[(col + 1) * self.srow + grp].to(Float32)
+                for mi in cutlass.range_constexpr(ma):
+                    for e in cutlass.range_constexpr(4):
+                        acc[e, mi, at] = acc[e, mi, at] + (s1 if e % 2 else s0) * target[e, mi, at]

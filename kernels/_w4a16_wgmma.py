@@ -1,0 +1,102 @@
+"""``moe.w4a16`` mainloop on sm_90a warpgroup MMAs (``wgmma.mma_async``, A from registers).
+
+The roles swap: dequantized weights are the register A operand (64 rows per warpgroup and m64
+chunk), the block's gathered activation rows the shared-memory B operand, which the copies
+already store K-major with the 128-byte swizzle ``wgmma`` reads. A warpgroup dequantizes step
+``s + 1`` while the tensor cores run step ``s``.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, Uint32
+
+from ._ptx import wgmma_rs
+from ._w4a16_dequant import int4_pair, scaled
+
+__all__ = ["WgmmaMainloop"]
+
+
+class WgmmaMainloop:
+    """Mixin of :class:`~.w4a16.W4A16`: the sm_90a ``wgmma`` k-loop and its epilogue."""
+
+    @cute.jit
+    def mainloop_wgmma(
+        self, m_out, sc, rows: Int32, nt: Int32, a_base: Int32, s_w128, s_s16, copies, tid: Int32
+    ):
+        """k-loop of ``wgmma`` m64 x block_m x k16 and the epilogue (sm_90a, 64-wide k-tiles).
+
+        Warpgroup ``wg`` owns the m64 chunks ``wg, wg + WG, ...`` of the tile's weight rows; in
+        each, warp ``v`` holds rows ``16v + g`` and ``16v + g + 8``. A k16 step's A fragment is
+        byte ``c`` of words ``2s`` and ``2s + 1`` of those rows' 32-byte chunk, dequantized like
+        the ``mma.sync`` path's B operand; B is the activation tile, K-major with the 128-byte
+        swizzle the copies already apply. A chunk's accumulators receive the same wgmmas in the
+        same order whatever the CTA size, so ``cta_threads`` never changes a result bit.
+        """
+        bm, tn, stages = self.bm, self.tn, self.stages
+        ahead = self.ahead()
+        wgs = self.threads // 128
+        chunks = tn // 64 // wgs
+        wg, v = tid // 128, (tid // 32) % 4
+        lane = tid % 32
+        g, c = lane // 4, lane % 4
+        sel = Uint32(c | (c << 4) | ((c + 4) << 8) | ((c + 4) << 12))
+        # Shared-memory matrix descriptor: 128-byte swizzle, 1024 bytes between 8-row groups.
+        desc_hi = Int64((1 << 62) | ((1024 >> 4) << 32) | (1 << 16))
+        ab = "bf16" if self.element is cutlass.BFloat16 else "f16"
+        acc = cute.make_rmem_tensor((bm // 2, chunks), Float32)
+        acc.fill(0.0)
+        for kt in range(self.kt_count):
+            cute.arch.cp_async_wait_group(ahead - 1)
+            # wgmmas of k-tile kt - 1 may still run; those of kt - 2 read the slot refilled next.
+            cute.nvgpu.warpgroup.wait_group(1)
+            cute.arch.sync_threads()
+            nxt = kt + ahead
+            if nxt < self.kt_count:
+                self.issue(nxt, nxt % stages, *copies, tid)
+            cute.arch.cp_async_commit_group()
+            slot = kt % stages
+            for ci in cutlass.range_constexpr(chunks):
+                r0 = (wg + ci * wgs) * 64 + v * 16 + g
+                wv = cute.make_rmem_tensor((4, 2, 2), Uint32)  # word, 16-byte half, row (r0, r0 + 8)
+                for rr in cutlass.range_constexpr(2):
+                    for h in cutlass.range_constexpr(2):
+                        unit = slot * (tn * self.qw) + (r0 + 8 * rr) * 2 + (h ^ (g // 4))
+                        cute.autovec_copy(s_w128[None, unit], wv[None, h, rr])
+                sp2 = cute.make_rmem_tensor((2,), Uint32)
+                for s in cutlass.range_constexpr(4):
+                    if cutlass.const_expr(16 * s % min(self.group, 64) == 0):
+                        grp = (kt * 64 + 16 * s) // self.group
+                        for rr in cutlass.range_constexpr(2):
+                            sv = Uint32(s_s16[(r0 + 8 * rr) * self.srow + grp])
+                            sp2[rr] = sv | (sv << 16)
+                    frag = tuple(
+                        scaled(
+                            int4_pair(wv[2 * (s % 2) + e, s // 2, rr], sel, self.elem_name),
+                            sp2[rr],
+                            self.elem_name,
+                        )
+                        for e, rr in ((0, 0), (0, 1), (1, 0), (1, 1))
+                    )
+                    desc = desc_hi | Int64((a_base + slot * (bm * 128) + 32 * s) >> 4)
+                    cute.nvgpu.warpgroup.fence()
+                    out = wgmma_rs([acc[i, ci] for i in range(bm // 2)], frag, desc, n=bm, ab=ab)
+                    for i in cutlass.range_constexpr(bm // 2):
+                        acc[i, ci] = out[i]
+            cute.nvgpu.warpgroup.commit_group()
+        cute.nvgpu.warpgroup.wait_group(0)
+
+        # Epilogue: accumulator 4i + 2rr + e is (weight row r0 + 8rr, block row 8i + 2c + e).
+        flat = cute.make_tensor(
+            cute.recast_ptr(m_out.iterator, dtype=self.output),
+            cute.make_layout(cute.size(m_out) * self.out_vec),
+        )
+        for ci in cutlass.range_constexpr(chunks):
+            col = nt * tn + (wg + ci * wgs) * 64 + v * 16 + g
+            for i in cutlass.range_constexpr(bm // 8):
+                for e in cutlass.range_constexpr(2):
+                    route = sc[rows + 8 * i + 2 * c + e]
+                    if route >= 0:
+                        for rr in cutlass.range_constexpr(2):
+                            flat[route * self.n + col + 8 * rr] = acc[4 * i + 2 * rr + e, ci].to(self.output)
