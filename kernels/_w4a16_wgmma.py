@@ -3,7 +3,10 @@
 The roles swap: dequantized weights are the register A operand (64 rows per warpgroup and m64
 chunk), the block's gathered activation rows the shared-memory B operand, which the copies
 already store K-major with the 128-byte swizzle ``wgmma`` reads. A warpgroup dequantizes step
-``s + 1`` while the tensor cores run step ``s``.
+``s + 1`` while the tensor cores run step ``s``; a k-tile's wgmmas complete before the next
+k-tile rewrites their A registers and ring slot. Blocks of more than 64 rows amortize each
+dequantized weight over more tokens; when such a block's rows 64.. are all padding (an expert's
+last block), its k-loop issues wgmmas over the first 64 rows only.
 """
 
 from __future__ import annotations
@@ -16,6 +19,16 @@ from ._ptx import wgmma_rs
 from ._w4a16_dequant import int4_pair, scaled
 
 __all__ = ["WgmmaMainloop"]
+
+
+def _wgmma_into(acc, ci: int, frag, desc: Int64, *, n: int, ab: str) -> None:
+    """One wgmma on the first ``n // 2`` accumulators of chunk ``ci``, in place.
+
+    A plain function, so its loops unroll at trace time without the DSL's loop rewriting.
+    """
+    out = wgmma_rs([acc[i, ci] for i in range(n // 2)], frag, desc, n=n, ab=ab)
+    for i, value in enumerate(out):
+        acc[i, ci] = value
 
 
 class WgmmaMainloop:
@@ -34,25 +47,60 @@ class WgmmaMainloop:
         swizzle the copies already apply. A chunk's accumulators receive the same wgmmas in the
         same order whatever the CTA size, so ``cta_threads`` never changes a result bit.
         """
-        bm, tn, stages = self.bm, self.tn, self.stages
-        ahead = self.ahead()
+        bm, tn = self.bm, self.tn
         wgs = self.threads // 128
         chunks = tn // 64 // wgs
         wg, v = tid // 128, (tid // 32) % 4
         lane = tid % 32
         g, c = lane // 4, lane % 4
         sel = Uint32(c | (c << 4) | ((c + 4) << 8) | ((c + 4) << 12))
+        acc = cute.make_rmem_tensor((bm // 2, chunks), Float32)
+        acc.fill(0.0)
+        state = (a_base, s_w128, s_s16, copies, tid, sel)
+        if cutlass.const_expr(bm > 64):
+            # Padding rows sit at a block's tail: when rows 64.. are all padding (an expert's
+            # last block), the wgmmas cover the first 64 rows only.
+            if sc[rows + 64] >= 0:
+                self.kloop_wgmma(acc, state, n=bm)
+            else:
+                self.kloop_wgmma(acc, state, n=64)
+        else:
+            self.kloop_wgmma(acc, state, n=bm)
+        cute.nvgpu.warpgroup.wait_group(0)
+
+        # Epilogue: accumulator 4i + 2rr + e is (weight row r0 + 8rr, block row 8i + 2c + e).
+        flat = cute.make_tensor(
+            cute.recast_ptr(m_out.iterator, dtype=self.output),
+            cute.make_layout(cute.size(m_out) * self.out_vec),
+        )
+        for ci in cutlass.range_constexpr(chunks):
+            col = nt * tn + (wg + ci * wgs) * 64 + v * 16 + g
+            for i in cutlass.range_constexpr(bm // 8):
+                for e in cutlass.range_constexpr(2):
+                    route = sc[rows + 8 * i + 2 * c + e]
+                    if route >= 0:
+                        for rr in cutlass.range_constexpr(2):
+                            flat[route * self.n + col + 8 * rr] = acc[4 * i + 2 * rr + e, ci].to(self.output)
+
+    @cute.jit
+    def kloop_wgmma(self, acc, state, n: cutlass.Constexpr[int]):
+        """The k-loop: wgmmas of ``n`` block rows (the first ``n // 2`` accumulators per chunk)."""
+        a_base, s_w128, s_s16, copies, tid, sel = state
+        bm, tn, stages = self.bm, self.tn, self.stages
+        wgs = self.threads // 128
+        chunks = tn // 64 // wgs
+        wg, v = tid // 128, (tid // 32) % 4
+        g = tid % 32 // 4
         # Shared-memory matrix descriptor: 128-byte swizzle, 1024 bytes between 8-row groups.
         desc_hi = Int64((1 << 62) | ((1024 >> 4) << 32) | (1 << 16))
         ab = "bf16" if self.element is cutlass.BFloat16 else "f16"
-        acc = cute.make_rmem_tensor((bm // 2, chunks), Float32)
-        acc.fill(0.0)
         for kt in range(self.kt_count):
-            cute.arch.cp_async_wait_group(ahead - 1)
-            # wgmmas of k-tile kt - 1 may still run; those of kt - 2 read the slot refilled next.
-            cute.nvgpu.warpgroup.wait_group(1)
+            cute.arch.cp_async_wait_group(stages - 2)
+            # The wgmmas of k-tile kt - 1 must be done: they read the A registers rewritten
+            # next and the ring slot refilled next.
+            cute.nvgpu.warpgroup.wait_group(0)
             cute.arch.sync_threads()
-            nxt = kt + ahead
+            nxt = kt + stages - 1
             if nxt < self.kt_count:
                 self.issue(nxt, nxt % stages, *copies, tid)
             cute.arch.cp_async_commit_group()
@@ -81,22 +129,6 @@ class WgmmaMainloop:
                     )
                     desc = desc_hi | Int64((a_base + slot * (bm * 128) + 32 * s) >> 4)
                     cute.nvgpu.warpgroup.fence()
-                    out = wgmma_rs([acc[i, ci] for i in range(bm // 2)], frag, desc, n=bm, ab=ab)
-                    for i in cutlass.range_constexpr(bm // 2):
-                        acc[i, ci] = out[i]
+                    _wgmma_into(acc, ci, frag, desc, n=n, ab=ab)
             cute.nvgpu.warpgroup.commit_group()
         cute.nvgpu.warpgroup.wait_group(0)
-
-        # Epilogue: accumulator 4i + 2rr + e is (weight row r0 + 8rr, block row 8i + 2c + e).
-        flat = cute.make_tensor(
-            cute.recast_ptr(m_out.iterator, dtype=self.output),
-            cute.make_layout(cute.size(m_out) * self.out_vec),
-        )
-        for ci in cutlass.range_constexpr(chunks):
-            col = nt * tn + (wg + ci * wgs) * 64 + v * 16 + g
-            for i in cutlass.range_constexpr(bm // 8):
-                for e in cutlass.range_constexpr(2):
-                    route = sc[rows + 8 * i + 2 * c + e]
-                    if route >= 0:
-                        for rr in cutlass.range_constexpr(2):
-                            flat[route * self.n + col + 8 * rr] = acc[4 * i + 2 * rr + e, ci].to(self.output)

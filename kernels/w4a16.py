@@ -321,7 +321,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             cute.copy(
                 atom_s, g_s[None, row0 * chunks + i], s_s[None, (i // chunks) * (self.srow // 8) + i % chunks]
             )
-        for s in cutlass.range_constexpr(self.ahead()):
+        for s in cutlass.range_constexpr(stages - 1):
             self.issue(Int32(s), Int32(s), atom_a, g_a, s_a, a_src, g_w, s_w, w_src, tid)
             cute.arch.cp_async_commit_group()
 
@@ -367,8 +367,3 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             and self.tn % 64 == 0
             and (self.tn // 64) % (self.threads // 128) == 0
         )
-
-    def ahead(self) -> int:
-        """k-tiles in flight ahead of the one computed: the ring holds them, the one being read
-        and, for wgmma, the one the previous (still running) wgmmas read."""
-        return self.stages - 2 if self.uses_wgmma() else self.stages - 1
