@@ -20,16 +20,28 @@ if TYPE_CHECKING:
     from ._writer import Provenance
 
 __all__ = [
+    "FailureRow",
     "FailureState",
     "VariantRow",
     "VariantState",
     "builds",
     "current_states",
+    "failure_rows",
     "find_variant",
     "latest_failures",
     "provenance_of",
     "variant_rows",
 ]
+
+
+def params_text(params: Mapping[str, Any]) -> str:
+    """``k=v,k=v`` in the spec's param order."""
+    return ",".join(f"{k}={v}" for k, v in params.items())
+
+
+def variant_label(family: str, params: Mapping[str, Any], arch: str) -> str:
+    """How the audits name a variant: ``family[k=v,...]@arch``."""
+    return f"{family}[{params_text(params)}]@{arch}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +92,12 @@ def current_states(conn: Connection) -> dict[str, VariantState]:
     return {r[0]: VariantState(*r) for r in rows}
 
 
+def _latest_failure_ids() -> Any:
+    """The id of each key's latest failure row."""
+    return select(func.max(Failure.id)).group_by(Failure.key).scalar_subquery()
+
+
 def latest_failures(conn: Connection) -> dict[str, FailureState]:
-    latest = select(func.max(Failure.id)).group_by(Failure.key).scalar_subquery()
     rows = conn.execute(
         select(
             Failure.key,
@@ -92,9 +108,60 @@ def latest_failures(conn: Connection) -> dict[str, FailureState]:
             Failure.source_hash,
             Failure.spec_hash,
             Failure.toolchain_hash,
-        ).where(Failure.id.in_(latest))
+        ).where(Failure.id.in_(_latest_failure_ids()))
     )
     return {r[0]: FailureState(*r) for r in rows}
+
+
+@dataclass(frozen=True, slots=True)
+class FailureRow:
+    """A key's latest failed or rejected build attempt, for the audit CLI."""
+
+    key: str
+    family: str
+    arch: str
+    params: dict[str, Any]
+    kind: str
+    stage: str
+    reason: str
+    build_id: int
+    log: str | None
+
+    @property
+    def label(self) -> str:
+        return variant_label(self.family, self.params, self.arch)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "family": self.family,
+            "arch": self.arch,
+            "params": self.params,
+            "kind": self.kind,
+            "stage": self.stage,
+            "reason": self.reason,
+            "build_id": self.build_id,
+        }
+
+
+def failure_rows(conn: Connection) -> list[FailureRow]:
+    """Every key's latest failure, by family then key."""
+    rows = conn.execute(
+        select(
+            Failure.key,
+            Failure.family,
+            Failure.arch,
+            Failure.params_json,
+            Failure.kind,
+            Failure.stage,
+            Failure.reason,
+            Failure.build_id,
+            Failure.log,
+        )
+        .where(Failure.id.in_(_latest_failure_ids()))
+        .order_by(Failure.family, Failure.key)
+    )
+    return [FailureRow(r[0], r[1], r[2], json.loads(r[3]), *r[4:]) for r in rows]
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,11 +196,11 @@ class VariantRow:
 
     @property
     def params_text(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.params.items())
+        return params_text(self.params)
 
     @property
     def label(self) -> str:
-        return f"{self.family}[{self.params_text}]@{self.arch}"
+        return variant_label(self.family, self.params, self.arch)
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]

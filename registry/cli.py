@@ -17,15 +17,22 @@ from typing import Any
 import click
 import yaml
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from b12x_aot.loader import Manifest, ManifestError
 
 from ._audit import FAIL_METRICS, DiffReport, compare, diff, stale, verify
 from ._maintain import export, gc, migrate
-from ._queries import VariantRow, builds, find_variant, provenance_of, variant_rows
+from ._queries import VariantRow, builds, failure_rows, find_variant, provenance_of, variant_rows
 from ._store import RegistryStore
+from ._tables import (
+    print_builds,
+    print_diff,
+    print_failures,
+    print_faults,
+    print_stale,
+    print_variant,
+    print_variants,
+)
 from .errors import RegistryError
 
 __all__ = ["main"]
@@ -123,26 +130,7 @@ def ls_(
     if as_json:
         _emit_json([r.to_json() for r in rows])
         return
-    table = Table(title=f"{len(rows)} variant(s) in {store.display}")
-    for col in ("key", "family", "abi", "arch", "params", "bytes", "regs", "spill B", "smem B", "build"):
-        table.add_column(
-            col, justify="right" if col in ("abi", "bytes", "regs", "spill B", "smem B", "build") else "left"
-        )
-    for r in rows:
-        spills = "?" if r.spill_store_bytes is None else str(r.spill_store_bytes + (r.spill_load_bytes or 0))
-        table.add_row(
-            r.key[:12],
-            r.family,
-            str(r.abi),
-            r.arch,
-            Text(r.params_text),
-            str(r.artifact_size),
-            str(r.registers),
-            spills,
-            str(r.static_smem_bytes + r.dynamic_smem_bytes),
-            str(r.build_id),
-        )
-    Console().print(table)
+    print_variants(rows, f"{len(rows)} variant(s) in {store.display}")
 
 
 @main.command()
@@ -160,48 +148,7 @@ def show(registry: str, key: str, as_json: bool) -> None:
     if as_json:
         _emit_json(data)
         return
-    console = Console()
-    table = Table(title=f"{row.family} {row.params_text} @ {row.arch}", show_header=False)
-    table.add_column("field", style="bold")
-    table.add_column("value", overflow="fold")
-    rows: list[tuple[str, Any]] = [
-        ("key", row.key),
-        ("abi", row.abi),
-        ("artifact", f"{row.artifact_sha256} ({row.artifact_size} B)"),
-        ("symbol", row.symbol),
-        ("spec", f"{prov['spec']['path']} (contract {row.spec_hash[:16]})"),
-        ("source", f"{prov['source']['module']} (closure {row.source_hash[:16]})"),
-        *[(f"  {m}", h) for m, h in prov["source"]["files"] or []],
-        ("toolchain", ", ".join(f"{k}=={v}" for k, v in (prov["toolchain"]["dsl"] or {}).items())),
-        ("compile options", prov["toolchain"]["options"]),
-        ("ptxas", f"{row.ptxas_version} {prov['kernel']['ptxas_flags'] or ''}"),
-        (
-            "build",
-            f"{prov['build']['id']} by {prov['build']['user']}@{prov['build']['host']} "
-            f"at {prov['build']['started_at']} ({prov['build']['status']})"
-            if prov["build"]
-            else "?",
-        ),
-        ("registers", row.registers),
-        ("spills (store/load B)", f"{row.spill_store_bytes}/{row.spill_load_bytes}"),
-        ("stack frame B", row.frame_bytes),
-        ("smem static/dynamic B", f"{row.static_smem_bytes}/{row.dynamic_smem_bytes}"),
-        ("max threads", row.max_threads),
-        (".text", f"{row.text_sha256} ({row.code_size} B)"),
-        ("param table", prov["kernel"]["param_table"]),
-        (
-            "args",
-            ", ".join(
-                f"{a['name']}:{a['kind']}" + (f"<{a['dtype']}>/{a['align']}" if a["kind"] == "ptr" else "")
-                for a in prov["kernel"]["args"]
-            ),
-        ),
-        ("launch", prov["kernel"]["launch"]),
-        ("SASS classes", row.classes if row.classes is not None else "unknown (no nvdisasm at build)"),
-    ]
-    for name, value in rows:
-        table.add_row(name, Text(str(value)))
-    console.print(table)
+    print_variant(row, prov)
 
 
 def _side(spec: str, registry: str | None) -> tuple[str, list[VariantRow], bool]:
@@ -275,37 +222,7 @@ def diff_(a: str, b: str, registry: str | None, fail_on: str, as_json: bool) -> 
             }
         )
     else:
-        console = Console()
-        console.print(
-            f"{name_a} -> {name_b}: {len(report.added)} added, {len(report.removed)} removed, "
-            f"{len(report.changed)} changed, {report.identical} identical",
-            highlight=False,
-        )
-        for title, items in (("added", report.added), ("removed", report.removed)):
-            if items:
-                t = Table(title=title)
-                t.add_column("key")
-                t.add_column("variant", overflow="fold")
-                for r in items:
-                    t.add_row(r.key[:12], Text(r.label))
-                console.print(t)
-        if report.changed:
-            t = Table(title="changed")
-            for col in ("variant", "artifact", ".text", "deltas (a -> b)", "SASS classes (b - a)"):
-                t.add_column(col, overflow="fold")
-            for c in report.changed:
-                deltas = ", ".join(f"{k} {x}->{y}" for k, (x, y) in c.deltas.items())
-                classes = ", ".join(f"{k} {d:+d}" for k, d in c.class_deltas.items())
-                t.add_row(
-                    Text(c.label),
-                    "same" if c.artifact_equal else "differs",
-                    "same" if c.text_equal else "differs",
-                    deltas,
-                    classes,
-                )
-            console.print(t)
-        for c, worse in regressions:
-            console.print(f"[red]worse:[/] {c.label}: {'; '.join(worse)}", highlight=False)
+        print_diff(name_a, name_b, report, regressions)
     if regressions:
         sys.exit(1)
 
@@ -323,16 +240,7 @@ def verify_(registry: str, as_json: bool) -> None:
     if as_json:
         _emit_json({"blobs": checked, "variants": len(rows), "faults": [f.to_json() for f in faults]})
     else:
-        console = Console()
-        console.print(f"checked {checked} blob(s) and {len(rows)} variant(s): {len(faults)} fault(s)")
-        if faults:
-            t = Table(title="faults")
-            t.add_column("variant", overflow="fold")
-            t.add_column("key")
-            t.add_column("problem", overflow="fold")
-            for f in faults:
-                t.add_row(Text(f.what), (f.key or "")[:12], Text(f.problem))
-            console.print(t)
+        print_faults(checked, len(rows), faults)
     if faults:
         sys.exit(1)
 
@@ -367,20 +275,7 @@ def stale_(registry: str, spec_paths: Sequence[str], as_json: bool) -> None:
     if as_json:
         _emit_json({"variants": len(rows), "stale": [s.to_json() for s in found]})
         return
-    console = Console()
-    console.print(f"{len(found)} of {len(rows)} variant(s) stale")
-    if found:
-        t = Table()
-        t.add_column("key")
-        t.add_column("variant", overflow="fold")
-        t.add_column("reasons", overflow="fold")
-        for s in found:
-            t.add_row(
-                s.row.key[:12],
-                Text(s.row.label),
-                Text("; ".join(s.reasons)),
-            )
-        console.print(t)
+    print_stale(found, len(rows))
 
 
 @main.command("gc")
@@ -464,17 +359,7 @@ def builds_(registry: str, as_json: bool) -> None:
     if as_json:
         _emit_json(rows)
         return
-    t = Table(title="builds")
-    for col in ("id", "started_at", "status", "user", "host", "shard", "command"):
-        t.add_column(col, overflow="fold")
-    for b in rows:
-        t.add_row(
-            *(
-                Text(str(b[c] if b[c] is not None else ""))
-                for c in ("id", "started_at", "status", "user", "host", "shard", "command")
-            )
-        )
-    Console().print(t)
+    print_builds(rows)
 
 
 @main.command("failures")
@@ -486,48 +371,16 @@ def builds_(registry: str, as_json: bool) -> None:
 @_fails
 def failures_(registry: str, log_key: str | None, as_json: bool) -> None:
     """Variants whose latest build attempt failed or was rejected, with the reason."""
-    from sqlalchemy import func, select
-
-    from ._schema import Failure
-
     store = _open(registry)
     with store.read() as conn:
-        latest = select(func.max(Failure.id)).group_by(Failure.key).scalar_subquery()
-        rows = conn.execute(
-            select(Failure.__table__).where(Failure.id.in_(latest)).order_by(Failure.family, Failure.key)
-        ).all()
+        rows = failure_rows(conn)
     if log_key:
         match = [f for f in rows if f.key.startswith(log_key)]
         if len(match) != 1:
             raise click.UsageError(f"--log {log_key!r} matches {len(match)} failures")
         click.echo(match[0].log or match[0].reason)
         return
-    data = [
-        {
-            "key": f.key,
-            "family": f.family,
-            "arch": f.arch,
-            "params": json.loads(f.params_json),
-            "kind": f.kind,
-            "stage": f.stage,
-            "reason": f.reason,
-            "build_id": f.build_id,
-        }
-        for f in rows
-    ]
     if as_json:
-        _emit_json(data)
+        _emit_json([f.to_json() for f in rows])
         return
-    t = Table(title=f"{len(data)} failure(s)")
-    for col in ("key", "variant", "kind", "stage", "reason"):
-        t.add_column(col, overflow="fold")
-    for d in data:
-        params = ",".join(f"{k}={v}" for k, v in d["params"].items())
-        t.add_row(
-            d["key"][:12],
-            Text(f"{d['family']}[{params}]@{d['arch']}"),
-            d["kind"],
-            d["stage"],
-            Text(d["reason"]),
-        )
-    Console().print(t)
+    print_failures(rows)

@@ -81,6 +81,22 @@ def compile_(env: dict, *args: str) -> None:
     run_compile(*args, env=env)
 
 
+def test_every_audit_prints_a_table_without_json(built_registry: Path) -> None:
+    db = str(built_registry)
+    key = rows(built_registry)[0]["key"]
+    expected = {
+        ("ls",): "12 variant(s)",
+        ("show", key[:10]): "param table",
+        ("builds",): "builds",
+        ("failures",): "0 failure(s)",
+        ("verify",): "checked 12 blob(s) and 12 variant(s): 0 fault(s)",
+        ("diff", db, db): "12 identical",
+    }
+    for args, text in expected.items():
+        out = registry_cli(*args, *(() if args[0] == "diff" else ("-r", db))).stdout
+        assert text in out, f"{args}: {out}"
+
+
 def test_diff_two_variants_shows_the_cta_threads_change(built_registry: Path) -> None:
     variants = rows(built_registry)
     pick = {
