@@ -132,16 +132,8 @@ class FailureRow:
         return variant_label(self.family, self.params, self.arch)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "family": self.family,
-            "arch": self.arch,
-            "params": self.params,
-            "kind": self.kind,
-            "stage": self.stage,
-            "reason": self.reason,
-            "build_id": self.build_id,
-        }
+        """Everything but the log, which ``failures --log`` prints on its own."""
+        return {name: getattr(self, name) for name in self.__slots__ if name != "log"}  # type: ignore[attr-defined]
 
 
 def failure_rows(conn: Connection) -> list[FailureRow]:
