@@ -44,12 +44,18 @@ def cli() -> CliRunner:
     return CliRunner()
 
 
-def run_compile(
-    *args: str, cwd: Path | None = None, check: bool = True, timeout: float = 1800, env: dict | None = None
+def _run_tool(
+    module: str,
+    name: str,
+    args: tuple[str, ...],
+    *,
+    cwd: Path | None,
+    check: bool,
+    timeout: float,
+    env: dict | None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run b12x-compile in a subprocess (its workers must be real processes)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "b12x_aot.compiler", *args],
+        [sys.executable, "-m", module, *args],
         capture_output=True,
         text=True,
         cwd=cwd or ROOT,
@@ -59,9 +65,27 @@ def run_compile(
     )
     if check and proc.returncode != 0:
         raise AssertionError(
-            f"b12x-compile {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+            f"{name} {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
         )
     return proc
+
+
+def run_compile(
+    *args: str, cwd: Path | None = None, check: bool = True, timeout: float = 1800, env: dict | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run b12x-compile in a subprocess (its workers must be real processes)."""
+    return _run_tool(
+        "b12x_aot.compiler", "b12x-compile", args, cwd=cwd, check=check, timeout=timeout, env=env
+    )
+
+
+def registry_cli(
+    *args: str, check: bool = True, timeout: float = 600, env: dict | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run b12x-registry in a subprocess, as a user would."""
+    return _run_tool(
+        "b12x_aot.registry", "b12x-registry", args, cwd=None, check=check, timeout=timeout, env=env
+    )
 
 
 def write_spec(directory: Path, name: str, text: str) -> Path:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import ROOT, TOPK_SMALL, run_compile, write_spec
+from ..conftest import ROOT, TOPK_SMALL, registry_cli, run_compile, write_spec
 
 pytestmark = pytest.mark.dsl
 
@@ -76,14 +76,13 @@ def test_register_bound_rejects_with_figures(tmp_path: Path) -> None:
     plan = json.loads(run_compile(str(spec), "--registry", str(db), "--dry-run", "--json").stdout)
     assert plan["counts"]["rejected"] == 4 and plan["counts"]["new"] == 0  # not recompiled
     # The audit CLI lists the rejections, as JSON and as a table, and prints one's full log.
-    cli = [sys.executable, "-m", "b12x_aot.registry", "failures", "-r", str(db)]
-    listed = json.loads(subprocess.run([*cli, "--json"], capture_output=True, text=True, check=True).stdout)
+    cli = ("failures", "-r", str(db))
+    listed = json.loads(registry_cli(*cli, "--json").stdout)
     assert sorted(f["stage"] for f in listed) == ["limits"] * 4
     assert {f["key"] for f in listed} == {r["key"] for r in summary["rejected"]}
-    table = subprocess.run([*cli], capture_output=True, text=True, check=True).stdout
+    table = registry_cli(*cli).stdout
     assert "4 failure(s)" in table and "moe.topk_sum[" in table
-    log = subprocess.run([*cli, "--log", listed[0]["key"][:12]], capture_output=True, text=True, check=True)
-    assert "max_registers 16" in log.stdout
+    assert "max_registers 16" in registry_cli(*cli, "--log", listed[0]["key"][:12]).stdout
 
 
 def test_planning_never_imports_the_dsl(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.dsl
 W4A16 = SPECS / "moe_w4a16.yaml"
 ROUTE_PACK = SPECS / "moe_route_pack.yaml"
 FULL = ROOT / "tests" / "specs" / "moe_w4a16_full.yaml"
+TILES = ROOT / "benchmarks" / "specs" / "bench_w4a16_tiles.yaml"
 # Three decode variants per arch that differ only in cta_threads, plus their route packer.
 SUBSET = ("element=bf16", "output=bf16", "n=256", "block_m=16", "group=128", "e_cap=256")
 
@@ -117,8 +118,16 @@ def test_spec_smem_and_grid_agree_with_the_kernel_modules() -> None:
     from ..kernels.w4a16_reference import max_blocks as ref_blocks
     from ..kernels.w4a16_reference import scratch_words as ref_words
 
-    for path in (W4A16, FULL):
+    bundled = load_spec(W4A16)
+    for path in (W4A16, FULL, TILES):
         spec = load_spec(path)
+        # The scale-test and benchmark specs copy the bundled contract; it must not drift.
+        assert (spec.kernel, spec.args, spec.geometry.to_json(), spec.limits) == (
+            bundled.kernel,
+            bundled.args,
+            bundled.geometry.to_json(),
+            bundled.limits,
+        ), path
         accepted, _ = expand(spec, archs=["sm_90a"])
         for v in accepted:
             static = spec.geometry.bind_static(v.params)

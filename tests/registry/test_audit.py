@@ -6,15 +6,13 @@ import json
 import os
 import shutil
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from b12x_aot.loader import Registry
 
-from ..conftest import ROOT, TOPK_SMALL, run_compile, write_spec
+from ..conftest import ROOT, TOPK_SMALL, registry_cli, run_compile, write_spec
 
 pytestmark = pytest.mark.dsl
 
@@ -23,17 +21,6 @@ COPY_SPEC = (
     .replace("b12x_aot.kernels.topk_sum:TopKSum", "testkernels.topk_sum:TopKSum")
     .replace("archs: [sm_90a, sm_100a, sm_120a]", "archs: [sm_90a]")
 )
-
-
-def registry_cli(*args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "b12x_aot.registry", *args], capture_output=True, text=True, cwd=ROOT, env=env
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"b12x-registry {' '.join(args)}: {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-        )
-    return proc
 
 
 def rows(db: Path) -> list[dict]:

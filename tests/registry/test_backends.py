@@ -16,7 +16,7 @@ from sqlalchemy.engine import make_url
 from b12x_aot.loader import Registry, RegistryFormatError
 from b12x_aot.registry import RegistryStore, SchemaMismatch, variant_rows
 
-from ..conftest import ROOT, TOPK_SMALL, run_compile, write_spec
+from ..conftest import ROOT, TOPK_SMALL, registry_cli, run_compile, write_spec
 
 pytestmark = pytest.mark.dsl
 
@@ -120,21 +120,11 @@ def test_audit_commands_and_export_to_a_loader_file(
 ) -> None:
     run_compile(str(spec_file), "--registry", registry_url, "--arch", "sm_90a", "-j", "2")
 
-    def registry_cli(*args: str) -> str:
-        out = subprocess.run(
-            [sys.executable, "-m", "b12x_aot.registry", *args],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return out.stdout
-
-    listed = json.loads(registry_cli("ls", "-r", registry_url, "--json"))
+    listed = json.loads(registry_cli("ls", "-r", registry_url, "--json").stdout)
     assert len(listed) == 8
-    shown = json.loads(registry_cli("show", "-r", registry_url, listed[0]["key"][:10], "--json"))
+    shown = json.loads(registry_cli("show", "-r", registry_url, listed[0]["key"][:10], "--json").stdout)
     assert shown["variant"]["key"] == listed[0]["key"] and shown["source"]["files"]
-    assert json.loads(registry_cli("verify", "-r", registry_url, "--json"))["faults"] == []
+    assert json.loads(registry_cli("verify", "-r", registry_url, "--json").stdout)["faults"] == []
     manifest = tmp_path / "m.yaml"
     manifest.write_text("variants:\n  - {family: moe.topk_sum, abi: 1, params: {output: bf16, topk: 2}}\n")
     out = tmp_path / "serving.db"
@@ -157,13 +147,13 @@ def test_blob_directory_store(registry_url: str, spec_file: Path, tmp_path: Path
         assert conn.execute(text("SELECT count(*) FROM artifacts WHERE data IS NULL")).scalar_one() == 8
         rows = variant_rows(conn)
     store.close()
-    verify = [sys.executable, "-m", "b12x_aot.registry", "verify", "-r", registry_url, "--json"]
-    assert subprocess.run(verify, cwd=ROOT, capture_output=True).returncode == 0
+    verify = ("verify", "-r", registry_url, "--json")
+    assert registry_cli(*verify, check=False).returncode == 0
     victim = files[0]
     data = bytearray(victim.read_bytes())
     data[100] ^= 1
     victim.write_bytes(bytes(data))
-    proc = subprocess.run(verify, cwd=ROOT, capture_output=True, text=True)
+    proc = registry_cli(*verify, check=False)
     assert proc.returncode == 1
     (fault,) = json.loads(proc.stdout)["faults"]
     assert fault["key"] in {r.key for r in rows if r.artifact_sha256 == victim.name}
@@ -179,12 +169,7 @@ def test_a_newer_schema_is_refused_clearly(registry_url: str, spec_file: Path) -
         RegistryStore.open(registry_url)
     proc = run_compile(str(spec_file), "--registry", registry_url, "--dry-run", check=False)
     assert proc.returncode == 2 and "schema version 99, newer than" in proc.stderr
-    migrate = subprocess.run(
-        [sys.executable, "-m", "b12x_aot.registry", "migrate", "-r", registry_url],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+    migrate = registry_cli("migrate", "-r", registry_url, check=False)
     assert migrate.returncode == 2 and "newer than" in migrate.stderr
     if "://" not in registry_url:
         with pytest.raises(
@@ -195,12 +180,7 @@ def test_a_newer_schema_is_refused_clearly(registry_url: str, spec_file: Path) -
 
 def test_migrate_is_explicit(registry_url: str) -> None:
     RegistryStore.open(registry_url, create=True).close()
-    out = subprocess.run(
-        [sys.executable, "-m", "b12x_aot.registry", "migrate", "-r", registry_url],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+    out = registry_cli("migrate", "-r", registry_url, check=False)
     assert out.returncode == 0 and "already at schema 1" in out.stdout
 
 
