@@ -13,6 +13,7 @@ from typing import Any
 
 import cutlass
 import cutlass.cute as cute
+from cutlass.cutlass_dsl import BaseDSL
 
 # Imported from its defining module so the source closure stays this module's real deps.
 from b12x_aot.loader._geometry import Geometry
@@ -75,6 +76,12 @@ class AotKernel:
         if self.static.cluster is not None:
             config["cluster"] = list(self.static.cluster)
         return config
+
+    @staticmethod
+    def target_arch() -> str:
+        """The arch being compiled for, e.g. ``"sm_90a"``: ``--gpu-arch``, else ``CUTE_DSL_ARCH``,
+        else the GPU's. Call while tracing, when a kernel picks instructions by arch."""
+        return BaseDSL._get_dsl().get_arch_enum().name
 
     @staticmethod
     def tensor(ptr: cute.Pointer, extent: Any) -> cute.Tensor:

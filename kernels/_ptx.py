@@ -38,11 +38,14 @@ def asm_u32(ptx: str, *operands: Uint32, loc=None, ip=None) -> Uint32:
 
 
 @dsl_user_op
-def prmt(a: Uint32, b: Uint32, selector: int, *, loc=None, ip=None) -> Uint32:
-    """``prmt.b32`` with an immediate selector: four bytes of ``{b, a}`` (pure, unlike ``cute.arch.prmt``)."""
+def prmt(a: Uint32, b: Uint32, selector: int | Uint32, *, loc=None, ip=None) -> Uint32:
+    """``prmt.b32``: four bytes of ``{b, a}`` picked by ``selector``, a constant or a per-lane
+    register (pure, unlike ``cute.arch.prmt``)."""
+    immediate = isinstance(selector, int)
     values = [Uint32(a).ir_value(loc=loc, ip=ip), Uint32(b).ir_value(loc=loc, ip=ip)]
-    values.append(Int32(selector).ir_value(loc=loc, ip=ip))
-    return Uint32(_asm(T.i32(), values, "prmt.b32 $0, $1, $2, $3;", "=r,r,r,n", pure=True, loc=loc, ip=ip))
+    values.append((Int32 if immediate else Uint32)(selector).ir_value(loc=loc, ip=ip))
+    constraints = "=r,r,r," + ("n" if immediate else "r")
+    return Uint32(_asm(T.i32(), values, "prmt.b32 $0, $1, $2, $3;", constraints, pure=True, loc=loc, ip=ip))
 
 
 @dsl_user_op

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from cutlass import Uint32
 
-from ._ptx import asm_u32
+from ._ptx import asm_u32, prmt
 
-__all__ = ["int4_pair", "scaled"]
+__all__ = ["int4_pair", "pair_selector", "scale_pair", "scaled"]
 
 # Per activation dtype: magic high half for 128 + u (bf16) / 1024 + u (fp16) with u = q ^ 8,
 # the packed pair (1, 1) and the packed pair -(magic + 8), so (x * 1) + bias = q exactly.
@@ -21,15 +21,22 @@ _FMA = {"bf16": "fma.rn.bf16x2", "fp16": "fma.rn.f16x2"}
 DTYPES = tuple(_MAGIC)
 
 
+def pair_selector(byte):
+    """The ``prmt`` selector that puts byte ``byte`` of a word into byte 0, and the same byte of
+    the word shifted right by 4 into byte 2 (bytes 1 and 3 are masked off afterwards)."""
+    return byte | (byte << 4) | ((byte + 4) << 8) | ((byte + 4) << 12)
+
+
+def scale_pair(scale: Uint32) -> Uint32:
+    """A 16-bit scale in both halves of a word, as the packed multiplier."""
+    return scale | (scale << 16)
+
+
 def int4_pair(word: Uint32, selector, element: str) -> Uint32:
-    """The int4 pair of byte ``selector`` picks from ``word`` (a constant, or a per-lane
-    register), as an exact packed operand pair ``(q_low_nibble, q_high_nibble)``."""
+    """The int4 pair that ``selector`` (:func:`pair_selector`; a constant, or a per-lane register)
+    picks from ``word``, as an exact packed operand pair ``(q_low_nibble, q_high_nibble)``."""
     magic, one, bias = _MAGIC[element]
-    if isinstance(selector, int):
-        picked = asm_u32(f"prmt.b32 $0, $1, $2, {selector};", word, word >> 4)
-    else:
-        picked = asm_u32("prmt.b32 $0, $1, $2, $3;", word, word >> 4, selector)
-    v = (picked & Uint32(0x000F000F)) ^ Uint32(magic)
+    v = (prmt(word, word >> 4, selector) & Uint32(0x000F000F)) ^ Uint32(magic)
     return asm_u32(f"{_FMA[element]} $0, $1, $2, $3;", v, Uint32(one), Uint32(bias))
 
 

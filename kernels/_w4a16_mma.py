@@ -23,7 +23,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint32
 
 from ._ptx import ldmatrix_x4
-from ._w4a16_dequant import int4_pair, scaled
+from ._w4a16_dequant import int4_pair, pair_selector, scale_pair, scaled
 
 __all__ = ["MmaSyncMainloop"]
 
@@ -38,8 +38,7 @@ class MmaSyncMainloop:
         stages, tn = self.stages, self.tn
         lane, warp = tid % 32, tid // 32
         g, c = lane // 4, lane % 4
-        # prmt selector: byte c of a word and of the word shifted by 4, into bytes 0 and 2.
-        sel = Uint32(c | (c << 4) | ((c + 4) << 8) | ((c + 4) << 12))
+        sel = Uint32(pair_selector(c))  # this lane's byte of each weight word
         acc = cute.make_rmem_tensor((4, self.ma, self.na), Float32)
         acc.fill(0.0)
         for kt in range(self.kt_count):
@@ -55,7 +54,7 @@ class MmaSyncMainloop:
                 self.compute_rows(kt, kt % stages, acc, a_row0, s_w32, s_s16, mma, warp, g, sel)
 
         # Epilogue: round once, store the two adjacent columns of each row this lane holds.
-        half = cute.make_tensor(m_out.iterator, cute.make_layout((2, cute.size(m_out) // 2), stride=(1, 2)))
+        half = self.vectors(m_out.iterator, 2, cute.size(m_out) // 2)
         y = cute.make_rmem_tensor((2,), self.output)
         for mi in cutlass.range_constexpr(self.ma):
             for h in cutlass.range_constexpr(2):
@@ -106,7 +105,7 @@ class MmaSyncMainloop:
                     grp = (kt * self.tk + 64 * j + 16 * s) // self.group
                     for at in cutlass.range_constexpr(na):
                         v = Uint32(s_s16[(warp * self.nw + at * 8 + g) * self.srow + grp])
-                        sp2[at] = v | (v << 16)
+                        sp2[at] = scale_pair(v)
                 afr = cute.make_rmem_tensor((4, ma), Uint32)
                 for mi in cutlass.range_constexpr(ma):
                     x = ldmatrix_x4((a_row0 + (slot * bm + mi * 16) * (qa * 16) + j * 128) ^ (s << 5))
@@ -166,7 +165,7 @@ class MmaSyncMainloop:
                 )
                 if cutlass.const_expr(not self.fp32_scale):
                     v = Uint32(s_s16[nl * self.srow + grp])
-                    sp2[at] = v | (v << 16)
+                    sp2[at] = scale_pair(v)
             for step in cutlass.range_constexpr(4):
                 sp, t = step // 2, step % 2
                 afr = cute.make_rmem_tensor((4, ma), Uint32)
@@ -184,7 +183,7 @@ class MmaSyncMainloop:
                         byte = 2 * t + e
                         q = int4_pair(
                             wq[sp, at],
-                            byte | (byte << 4) | ((byte + 4) << 8) | ((byte + 4) << 12),
+                            pair_selector(byte),
                             self.elem_name,
                         )
                         if cutlass.const_expr(self.fp32_scale):

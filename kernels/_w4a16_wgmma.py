@@ -16,7 +16,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from ._ptx import wgmma_rs
-from ._w4a16_dequant import int4_pair, scaled
+from ._w4a16_dequant import int4_pair, pair_selector, scale_pair, scaled
 
 __all__ = ["WgmmaMainloop"]
 
@@ -53,7 +53,7 @@ class WgmmaMainloop:
         wg, v = tid // 128, (tid // 32) % 4
         lane = tid % 32
         g, c = lane // 4, lane % 4
-        sel = Uint32(c | (c << 4) | ((c + 4) << 8) | ((c + 4) << 12))
+        sel = Uint32(pair_selector(c))
         acc = cute.make_rmem_tensor((bm // 2, chunks), Float32)
         acc.fill(0.0)
         state = (a_base, s_w128, s_s16, copies, tid, sel)
@@ -69,9 +69,8 @@ class WgmmaMainloop:
         cute.nvgpu.warpgroup.wait_group(0)
 
         # Epilogue: accumulator 4i + 2rr + e is (weight row r0 + 8rr, block row 8i + 2c + e).
-        flat = cute.make_tensor(
-            cute.recast_ptr(m_out.iterator, dtype=self.output),
-            cute.make_layout(cute.size(m_out) * self.out_vec),
+        flat = self.tensor(
+            cute.recast_ptr(m_out.iterator, dtype=self.output), cute.size(m_out) * self.out_vec
         )
         for ci in cutlass.range_constexpr(chunks):
             col = nt * tn + (wg + ci * wgs) * 64 + v * 16 + g
@@ -118,7 +117,7 @@ class WgmmaMainloop:
                         grp = (kt * 64 + 16 * s) // self.group
                         for rr in cutlass.range_constexpr(2):
                             sv = Uint32(s_s16[(r0 + 8 * rr) * self.srow + grp])
-                            sp2[rr] = sv | (sv << 16)
+                            sp2[rr] = scale_pair(sv)
                     frag = tuple(
                         scaled(
                             int4_pair(wv[2 * (s % 2) + e, s // 2, rr], sel, self.elem_name),

@@ -108,15 +108,15 @@ class RoutePack(AotKernel):
         blocks_bound = (routes + bm - 1) // bm + cutlass.min(routes, Int32(nb))
         rows_base = blocks_bound + HEADER_WORDS
 
-        out = cute.make_tensor(scratch, cute.make_layout(HEADER_WORDS + blocks_bound * (1 + bm)))
-        ids = cute.make_tensor(route_ids, cute.make_layout(cutlass.max(routes, Int32(1))))
+        out = self.tensor(scratch, HEADER_WORDS + blocks_bound * (1 + bm))
+        ids = self.tensor(route_ids, cutlass.max(routes, Int32(1)))
         # One allocation of exactly the spec's dynamic shared memory, carved by hand.
         rw = self.row_words
         words = cutlass.memory.SmemAllocator().allocate_array(Int32, self.static.smem // 4, byte_alignment=16)
         # hist[w, b]: routes of warp w's segment in bucket b; later warp w's cursor in bucket b.
         hist = cute.make_tensor(words, cute.make_layout((self.warps, nb), stride=(rw, 1)))
-        count = cute.make_tensor(words + self.warps * rw, cute.make_layout(nb))
-        first_block = cute.make_tensor(words + (self.warps + 1) * rw, cute.make_layout(nb))
+        count = self.tensor(words + self.warps * rw, nb)
+        first_block = self.tensor(words + (self.warps + 1) * rw, nb)
 
         for i in range(tid, self.warps * nb, self.cta_threads):
             hist[i // nb, i % nb] = 0

@@ -35,8 +35,6 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint8, Uint16, Uint32
-from cutlass.base_dsl import Arch
-from cutlass.cutlass_dsl import BaseDSL
 
 from ._base import AotKernel, dsl_dtype
 from ._ptx import cp_async_16_l2_256
@@ -179,10 +177,8 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         bm = self.bm
         routes = cutlass.max(num_tokens, Int32(0)) * self.topk
         nblk = (routes + bm - 1) // bm + cutlass.min(routes, Int32(self.e_cap + 1))
-        sc = cute.make_tensor(scratch, cute.make_layout(HEADER_WORDS + nblk * (1 + bm)))
-        m_out = cute.make_tensor(
-            out, cute.make_layout((self.out_vec, routes * self.n // self.out_vec), stride=(1, self.out_vec))
-        )
+        sc = self.tensor(scratch, HEADER_WORDS + nblk * (1 + bm))
+        m_out = self.vectors(out, self.out_vec, routes * self.n // self.out_vec)
         if blk < sc[0]:
             expert = sc[HEADER_WORDS + blk]
             rows = HEADER_WORDS + nblk + blk * bm
@@ -253,48 +249,33 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         # 16-byte cp.async and read by ldmatrix (conflict-free thanks to the swizzle).
         # Weights: per 64-wide k-chunk, 32 bytes per row n, its 16-byte halves swapped when
         # n & 4: eight consecutive rows' same halves then hit distinct banks.
-        s_a32 = cute.make_tensor(
-            cute.recast_ptr(base, dtype=Uint32), cute.make_layout((4, stages * bm * qa), stride=(1, 4))
-        )
+        s_a32 = self.vectors(cute.recast_ptr(base, dtype=Uint32), 4, stages * bm * qa)
         s_a = s_a32
         if cutlass.const_expr(self.interleave):
-            s_a = cute.make_tensor(
-                cute.recast_ptr(base, dtype=Uint32),
-                cute.make_layout((1, stages * bm * tk // 2), stride=(1, 1)),
-            )
+            s_a = self.vectors(cute.recast_ptr(base, dtype=Uint32), 1, stages * bm * tk // 2)
         w_base = base + stages * a_stage
-        s_w = cute.make_tensor(w_base, cute.make_layout((16, stages * tn * qw), stride=(1, 16)))
-        s_w32 = cute.make_tensor(
-            cute.recast_ptr(w_base, dtype=Uint32), cute.make_layout((2, stages * tn * qw * 2), stride=(1, 2))
-        )
+        s_w = self.vectors(w_base, 16, stages * tn * qw)
+        s_w32 = self.vectors(cute.recast_ptr(w_base, dtype=Uint32), 2, stages * tn * qw * 2)
         if cutlass.const_expr(not self.interleave):
-            s_w32 = cute.make_tensor(
-                cute.recast_ptr(w_base, dtype=Uint32), cute.make_layout((4, stages * tn * qw), stride=(1, 4))
-            )
+            s_w32 = self.vectors(cute.recast_ptr(w_base, dtype=Uint32), 4, stages * tn * qw)
         s_base = base + stages * (a_stage + w_stage)
-        s_s = cute.make_tensor(
-            cute.recast_ptr(s_base, dtype=elem), cute.make_layout((8, tn * self.srow // 8), stride=(1, 8))
-        )
-        s_s16 = cute.make_tensor(cute.recast_ptr(s_base, dtype=Uint16), cute.make_layout(tn * self.srow))
-        s_se = cute.make_tensor(cute.recast_ptr(s_base, dtype=elem), cute.make_layout(tn * self.srow))
+        s_s = self.vectors(cute.recast_ptr(s_base, dtype=elem), 8, tn * self.srow // 8)
+        s_s16 = self.tensor(cute.recast_ptr(s_base, dtype=Uint16), tn * self.srow)
+        s_se = self.tensor(cute.recast_ptr(s_base, dtype=elem), tn * self.srow)
 
         words = cutlass.max(num_tokens, Int32(1)) * (self.k // 2)
-        g_a = cute.make_tensor(
-            cute.recast_ptr(a, dtype=Uint32), cute.make_layout((4, words // 4), stride=(1, 4))
-        )
+        g_a = self.vectors(cute.recast_ptr(a, dtype=Uint32), 4, words // 4)
         atom_a = cute.make_copy_atom(
             cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL),
             Uint32,
             num_bits_per_copy=128,
         )
         if cutlass.const_expr(self.interleave):
-            g_a = cute.make_tensor(
-                cute.recast_ptr(a, dtype=Uint32), cute.make_layout((1, words), stride=(1, 1))
-            )
+            g_a = self.vectors(cute.recast_ptr(a, dtype=Uint32), 1, words)
             atom_a = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(), Uint32, num_bits_per_copy=32)
-        g_w = cute.make_tensor(w, cute.make_layout((16, self.e_cap * self.n * k32), stride=(1, 16)))
+        g_w = self.vectors(w, 16, self.e_cap * self.n * k32)
         chunks = self.scale_chunks
-        g_s = cute.make_tensor(scales, cute.make_layout((8, self.e_cap * self.n * chunks), stride=(1, 8)))
+        g_s = self.vectors(scales, 8, self.e_cap * self.n * chunks)
         atom_s = cute.make_copy_atom(
             cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL),
             elem,
@@ -357,9 +338,8 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
     def uses_wgmma(self) -> bool:
         """sm_90a prefill tiles run warpgroup MMAs: weights as the register A operand (64 rows per
         warpgroup and m64 chunk), the block's activation rows as the shared-memory B operand."""
-        arch = BaseDSL._get_dsl().get_arch_enum()
         return (
-            arch == Arch.sm_90a
+            self.target_arch() == "sm_90a"
             and not self.interleave
             and self.tk == 64
             and self.stages >= 3
