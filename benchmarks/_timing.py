@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["device_ms", "emit", "host_us_per_call", "ratio_table"]
+__all__ = ["copy_gbps", "device_ms", "emit", "host_us_per_call", "ratio_table"]
 
 
 def host_us_per_call(
@@ -35,8 +35,13 @@ def host_us_per_call(
     return {"median_us": statistics.median(samples), "p25_us": q[0], "p75_us": q[2]}
 
 
-def device_ms(fn: Callable[[], Any], *, reps: int = 50, warmup: int = 5) -> float:
-    """Median device milliseconds of ``fn`` measured with CUDA events, one event pair per rep."""
+def device_ms(
+    fn: Callable[[], Any], *, reps: int = 50, warmup: int = 5, before: Callable[[], Any] | None = None
+) -> float:
+    """Median device milliseconds of ``fn`` measured with CUDA events, one event pair per rep.
+
+    ``before`` (say, an L2 flush) runs untimed ahead of every timed rep.
+    """
     import torch
 
     for _ in range(warmup):
@@ -44,6 +49,8 @@ def device_ms(fn: Callable[[], Any], *, reps: int = 50, warmup: int = 5) -> floa
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
+        if before is not None:
+            before()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -51,6 +58,16 @@ def device_ms(fn: Callable[[], Any], *, reps: int = 50, warmup: int = 5) -> floa
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def copy_gbps(nbytes: int) -> float:
+    """A device-to-device copy of ``nbytes``: GB/s read + written."""
+    import torch
+
+    src = torch.empty(nbytes // 4, device="cuda", dtype=torch.float32).uniform_()
+    dst = torch.empty_like(src)
+    ms = device_ms(lambda: dst.copy_(src), reps=30)
+    return 2 * nbytes / ms / 1e6
 
 
 def ratio_table(rows: Sequence[tuple[str, float]], *, unit: str, base: str) -> str:

@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from b12x_aot.loader import Registry, VariantMissError
 
-from _timing import device_ms, emit
+from _timing import copy_gbps, device_ms, emit
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NUM_EXPERTS = 256
@@ -31,13 +31,6 @@ CASES = (
     ({"element": "bf16", "output": "bf16", "topk": 8, "hidden": 7168, "cta_threads": 128}, 16),
     ({"element": "bf16", "output": "bf16", "topk": 8, "hidden": 7168, "cta_threads": 128}, 1),
 )
-
-
-def copy_gbps(nbytes: int) -> float:
-    src = torch.empty(nbytes // 4, device="cuda", dtype=torch.float32).uniform_()
-    dst = torch.empty_like(src)
-    ms = device_ms(lambda: dst.copy_(src), reps=30)
-    return 2 * nbytes / ms / 1e6
 
 
 def graph_us(fn, launches: int = 50, reps: int = 20) -> float:

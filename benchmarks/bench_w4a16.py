@@ -13,7 +13,8 @@ For every moe.w4a16 variant of the device's arch in the registry (narrowed by ``
   and as a replayed CUDA graph; the ratio uses the faster of the two).
 
 Registers, spills and shared memory of each variant come from the registry file (sqlite3).
-Timings are medians of CUDA-event intervals. Imports: the stdlib, torch and b12x_aot.loader.
+Timings are medians of CUDA-event intervals (`_timing.device_ms`). Imports: the stdlib, torch,
+b12x_aot.loader and the benchmarks' `_timing`.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import sqlite3
-import statistics
 import sys
 
 import torch
 
 from b12x_aot.loader import Registry
+
+from _timing import copy_gbps, device_ms
 
 TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 HEADER = 4
@@ -51,27 +53,8 @@ def resources(path: str) -> dict[str, dict]:
 
 
 def timed(fn, iters: int, before=None) -> float:
-    """Median seconds of ``fn`` between CUDA events; ``before`` runs untimed ahead of each."""
-    times = []
-    for _ in range(iters):
-        if before is not None:
-            before()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
-
-
-def copy_bandwidth(gib: float = 2.0) -> float:
-    """Device-to-device copy, bytes read + written per second."""
-    n = int(gib * 2**30) // 4
-    src, dst = torch.empty(n, device="cuda", dtype=torch.float32).uniform_(), torch.empty(n, device="cuda")
-    for _ in range(3):
-        dst.copy_(src)
-    return 2 * n * 4 / timed(lambda: dst.copy_(src), 20)
+    """Median seconds of ``fn`` over ``iters`` CUDA-event intervals, after one warm-up call."""
+    return device_ms(fn, reps=iters, warmup=1, before=before) / 1e3
 
 
 def routes(tokens: int, topk: int, experts: int, gen: torch.Generator) -> torch.Tensor:
@@ -221,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if not entries:
         print(f"no moe.w4a16 variants for {arch} match {where}", file=sys.stderr)
         return 1
-    copy_bw = copy_bandwidth()
+    copy_bw = copy_gbps(2 << 30) * 1e9  # bytes read + written per second
     bench = Bench(registry, args)
     results = []
     print(f"{arch}: copy bandwidth {copy_bw / 1e9:.0f} GB/s (read + write); {len(entries)} variants")
