@@ -10,6 +10,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -212,3 +213,20 @@ def family_variants(registry, family: str, arch: str) -> list:
     if not entries:
         pytest.skip(f"the registry has no {family} variants for {arch}")
     return sorted(entries, key=lambda e: sorted(e.params.items()))
+
+
+def checked_cubin(index: Any, entry: Any) -> Any:
+    """``entry``'s cubin, inspected (``CubinInfo``), after checking its SM against the arch and
+    its kernel's parameter table against the spec's args (ordinal, offset, size)."""
+    from b12x_aot.compiler._arch import ARCHS
+    from b12x_aot.compiler._cubin import inspect_cubin
+    from b12x_aot.loader import ParamLayout
+
+    info = inspect_cubin(index.read_artifact(entry))
+    assert info.sm == ARCHS[entry.arch].sm, entry.arch
+    kernel = info.kernel(entry.symbol)
+    layout = ParamLayout.of(entry.args)
+    assert [(p.ordinal, p.offset, p.size) for p in kernel.params] == [
+        (i, o, size) for i, (o, size) in enumerate(zip(layout.offsets, layout.sizes, strict=True))
+    ], entry.key
+    return info

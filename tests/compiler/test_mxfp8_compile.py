@@ -13,17 +13,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from b12x_aot.compiler._cubin import inspect_cubin
+from b12x_aot.compiler._arch import ARCHS
 from b12x_aot.compiler._sass import find_nvdisasm, sass_histograms
-from b12x_aot.loader import ParamLayout
 from b12x_aot.loader._index import RegistryIndex
 
-from ..conftest import SPECS, run_compile
+from ..conftest import SPECS, checked_cubin, run_compile
 
 pytestmark = pytest.mark.dsl
 
 SUBSET = {"dtype": ["bf16", "fp16"], "K": [1536], "rounding": ["floor", "ceil"], "cta_threads": [256]}
-SM = {"sm_90a": 90, "sm_100a": 100, "sm_120a": 120}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +40,7 @@ def mxfp8_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_builds_every_arch_with_the_spec_param_table(mxfp8_registry: Path) -> None:
     entries = list(RegistryIndex(mxfp8_registry).entries.values())
     assert sorted((e.arch, e.params["dtype"], e.params["rounding"]) for e in entries) == sorted(
-        (a, d, r) for a in SM for d in SUBSET["dtype"] for r in SUBSET["rounding"]
+        (a, d, r) for a in ARCHS for d in SUBSET["dtype"] for r in SUBSET["rounding"]
     )
     index = RegistryIndex(mxfp8_registry)
     for entry in entries:
@@ -52,13 +50,7 @@ def test_builds_every_arch_with_the_spec_param_table(mxfp8_registry: Path) -> No
             ("x", "ptr", entry.params["dtype"], 16),
             ("num_rows", "i32", None, None),
         ]
-        info = inspect_cubin(index.read_artifact(entry))
-        assert info.sm == SM[entry.arch]
-        kernel = info.kernel(entry.symbol)
-        layout = ParamLayout.of(entry.args)
-        assert [(p.ordinal, p.offset, p.size) for p in kernel.params] == [
-            (i, o, s) for i, (o, s) in enumerate(zip(layout.offsets, layout.sizes, strict=True))
-        ]
+        kernel = checked_cubin(index, entry).kernel(entry.symbol)
         assert [(p.offset, p.size) for p in kernel.params] == [(0, 8), (8, 8), (16, 8), (24, 4)]
         assert [p.log_align for p in kernel.params[:3]] == [4, 0, 4]  # 16-byte q and x
         assert kernel.max_threads == entry.params["cta_threads"]

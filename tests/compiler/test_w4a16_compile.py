@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 import pytest
 
-from b12x_aot.compiler._cubin import inspect_cubin
+from b12x_aot.compiler._arch import ARCHS
 from b12x_aot.compiler._spec import load_spec
 from b12x_aot.compiler._variants import expand
-from b12x_aot.loader import ParamLayout
 from b12x_aot.loader._index import RegistryIndex
+from b12x_aot.registry import RegistryStore, variant_rows
 
-from ..conftest import ROOT, SPECS, run_compile
+from ..conftest import ROOT, SPECS, checked_cubin, run_compile
 
 pytestmark = pytest.mark.dsl
 
@@ -37,37 +36,36 @@ def small_w4a16_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return db
 
 
+def _variant_rows(db: Path) -> list:
+    store = RegistryStore.open(str(db))
+    try:
+        with store.read() as conn:
+            return variant_rows(conn)
+    finally:
+        store.close()
+
+
 def test_subset_builds_for_every_arch_with_tensor_cores_and_no_spills(small_w4a16_registry: Path) -> None:
     index = RegistryIndex(small_w4a16_registry)
     entries = list(index.entries.values())
-    sm = {"sm_90a": 90, "sm_100a": 100, "sm_120a": 120}
     gemms = [e for e in entries if e.family == "moe.w4a16"]
     packs = [e for e in entries if e.family == "moe.route_pack"]
-    assert {(e.arch, e.params["cta_threads"]) for e in gemms} == {(a, t) for a in sm for t in (128, 256, 512)}
-    assert {e.arch for e in packs} == set(sm)
-    with sqlite3.connect(small_w4a16_registry) as db:
-        rows = db.execute(
-            "SELECT c.key, k.registers, k.spill_store_bytes, k.sass_json FROM current_variants c "
-            "JOIN variants v ON v.id = c.variant_id JOIN kernels k ON k.variant_id = v.id"
-        ).fetchall()
-    resources = {key: (regs, spill, json.loads(sass)) for key, regs, spill, sass in rows}
+    assert {(e.arch, e.params["cta_threads"]) for e in gemms} == {
+        (a, t) for a in ARCHS for t in (128, 256, 512)
+    }
+    assert {e.arch for e in packs} == set(ARCHS)
+    resources = {r.key: r for r in _variant_rows(small_w4a16_registry)}
     for entry in entries:
-        info = inspect_cubin(index.read_artifact(entry))
-        assert info.sm == sm[entry.arch]
-        kernel = info.kernel(entry.symbol)
-        layout = ParamLayout.of(entry.args)
-        assert [(p.ordinal, p.offset, p.size) for p in kernel.params] == [
-            (i, o, s) for i, (o, s) in enumerate(zip(layout.offsets, layout.sizes, strict=True))
-        ]
+        kernel = checked_cubin(index, entry).kernel(entry.symbol)
         assert kernel.max_threads == entry.params["cta_threads"]
-        regs, spill, sass = resources[entry.key]
-        assert regs and spill == 0 and sass["classes"]["local"] == 0
+        row = resources[entry.key]
+        assert row.registers and row.spill_store_bytes == 0 and row.classes["local"] == 0
         if entry.family == "moe.w4a16":
-            assert sass["classes"]["mma"] > 0 and any(op.startswith("HMMA") for op in sass["opcodes"])
-            assert any(op.startswith("LDGSTS") for op in sass["opcodes"])  # cp.async pipeline
+            assert row.classes["mma"] > 0 and any(op.startswith("HMMA") for op in row.opcodes)
+            assert any(op.startswith("LDGSTS") for op in row.opcodes)  # cp.async pipeline
     # cta_threads is a scheduling choice the audit can see: same params otherwise, other registers.
-    for arch in sm:
-        regs = {e.params["cta_threads"]: resources[e.key][0] for e in gemms if e.arch == arch}
+    for arch in ARCHS:
+        regs = {e.params["cta_threads"]: resources[e.key].registers for e in gemms if e.arch == arch}
         assert len(set(regs.values())) > 1 and regs[256] != regs[512], f"{arch}: {regs}"
 
 
@@ -77,17 +75,10 @@ def test_prefill_tile_runs_wgmma_on_sm90a_only(tmp_path: Path) -> None:
     db = tmp_path / "kernels.db"
     picks = ("element=bf16", "output=bf16", "n=256", "group=128", "block_m=64", "tile_k=64")
     run_compile(str(W4A16), "--registry", str(db), "-j", "2", *[a for p in picks for a in ("--where", p)])
-    with sqlite3.connect(db) as conn:
-        rows = conn.execute(
-            "SELECT v.arch, k.spill_store_bytes, k.sass_json FROM current_variants c "
-            "JOIN variants v ON v.id = c.variant_id JOIN kernels k ON k.variant_id = v.id"
-        ).fetchall()
-    mma = {
-        arch: {op.split(".")[0] for op in json.loads(sass)["opcodes"] if "MMA" in op}
-        for arch, _, sass in rows
-    }
+    rows = _variant_rows(db)
+    mma = {r.arch: {op.split(".")[0] for op in r.opcodes if "MMA" in op} for r in rows}
     assert mma == {"sm_90a": {"HGMMA"}, "sm_100a": {"HMMA"}, "sm_120a": {"HMMA"}}
-    assert all(spill == 0 for _, spill, _ in rows)
+    assert all(r.spill_store_bytes == 0 for r in rows)
 
 
 def test_param_tables_match_the_spec_args() -> None:
