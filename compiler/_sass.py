@@ -19,8 +19,9 @@ from pathlib import Path
 
 __all__ = ["CLASSES", "SassHistogram", "find_nvdisasm", "sass_histograms"]
 
+# Modifiers are upper case, except the shape of a warpgroup MMA (HGMMA.64x128x16.F32.BF16).
 _LINE = re.compile(
-    r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:\{\s*)?(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)"
+    r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:\{\s*)?(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+(?:x[0-9]+)*)*)"
 )
 _SECTION = re.compile(r"^\s*\.section\s+\.text\.([^,\s]+)")
 

@@ -5,8 +5,8 @@ chunk), the block's gathered activation rows the shared-memory B operand, which 
 already store K-major with the 128-byte swizzle ``wgmma`` reads. A warpgroup dequantizes step
 ``s + 1`` while the tensor cores run step ``s``; a k-tile's wgmmas complete before the next
 k-tile rewrites their A registers and ring slot. Blocks of more than 64 rows amortize each
-dequantized weight over more tokens; when such a block's rows 64.. are all padding (an expert's
-last block), its k-loop issues wgmmas over the first 64 rows only.
+dequantized weight over more tokens. An expert's last block is often mostly padding: its k-loop
+issues wgmmas only as wide as its real rows need (n = block_m, 64, 32 or 16).
 """
 
 from __future__ import annotations
@@ -57,15 +57,10 @@ class WgmmaMainloop:
         acc = cute.make_rmem_tensor((bm // 2, chunks), Float32)
         acc.fill(0.0)
         state = (a_base, s_w128, s_s16, copies, tid, sel)
-        if cutlass.const_expr(bm > 64):
-            # Padding rows sit at a block's tail: when rows 64.. are all padding (an expert's
-            # last block), the wgmmas cover the first 64 rows only.
-            if sc[rows + 64] >= 0:
-                self.kloop_wgmma(acc, state, n=bm)
-            else:
-                self.kloop_wgmma(acc, state, n=64)
-        else:
-            self.kloop_wgmma(acc, state, n=bm)
+        # Padding rows sit at a block's tail (an expert's last block): the wgmmas cover the
+        # narrowest width that holds every real row, so a block of a few real rows costs its
+        # dequant but only an n = 16 wgmma per step.
+        self.kloop_fitting(acc, state, sc, rows, (bm, *(x for x in (64, 32, 16) if x < bm)))
         cute.nvgpu.warpgroup.wait_group(0)
 
         # Epilogue: accumulator 4i + 2rr + e is (weight row r0 + 8rr, block row 8i + 2c + e).
@@ -80,6 +75,19 @@ class WgmmaMainloop:
                     if route >= 0:
                         for rr in cutlass.range_constexpr(2):
                             flat[route * self.n + col + 8 * rr] = acc[4 * i + 2 * rr + e, ci].to(self.output)
+
+    @cute.jit
+    def kloop_fitting(self, acc, state, sc, rows: Int32, widths: cutlass.Constexpr[tuple]):
+        """The k-loop of the narrowest of ``widths`` (widest first) that holds every real row of
+        the block: real rows come first, so row ``w`` is real iff more than ``w`` rows are.
+        Nested branches, not a sequence of ifs: ptxas then sees exactly one k-loop per path."""
+        if cutlass.const_expr(len(widths) == 1):
+            self.kloop_wgmma(acc, state, n=widths[0])
+        else:
+            if sc[rows + widths[1]] >= 0:
+                self.kloop_wgmma(acc, state, n=widths[0])
+            else:
+                self.kloop_fitting(acc, state, sc, rows, widths[1:])
 
     @cute.jit
     def kloop_wgmma(self, acc, state, n: cutlass.Constexpr[int]):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,14 @@ def test_prefill_tile_runs_wgmma_on_sm90a_only(tmp_path: Path) -> None:
     mma = {r.arch: {op.split(".")[0] for op in r.opcodes if "MMA" in op} for r in rows}
     assert mma == {"sm_90a": {"HGMMA"}, "sm_100a": {"HMMA"}, "sm_120a": {"HMMA"}}
     assert all(r.spill_store_bytes == 0 for r in rows)
+    # A block's wgmmas are only as wide as its real rows need: one k-loop per width (block_m 64:
+    # n = 64, 32, 16), each with the same wgmmas (4 steps per m64 chunk).
+    (sm90,) = [r for r in rows if r.arch == "sm_90a"]
+    widths = Counter()
+    for op, count in sm90.opcodes.items():
+        if op.startswith("HGMMA"):
+            widths[int(op.split(".")[1].split("x")[1])] += count
+    assert set(widths) == {64, 32, 16} and len(set(widths.values())) == 1, sm90.opcodes
 
 
 def test_param_tables_match_the_spec_args() -> None:
