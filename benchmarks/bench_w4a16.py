@@ -10,7 +10,12 @@ For every moe.w4a16 variant of the device's arch in the registry (narrowed by ``
   reported against a device-to-device copy measured in the same run (bytes read + written).
 - **prefill**: ``--prefill-tokens`` tokens (default 4096); the GEMM time against torch bf16/fp16
   matmuls on pre-dequantized weights, one per expert over its pre-gathered rows (timed eager
-  and as a replayed CUDA graph; the ratio uses the faster of the two).
+  and as a replayed CUDA graph; the ratio uses the faster of the two). The GEMM and torch are
+  timed in alternation over ``--rounds`` rounds; the ratio is the median of the rounds' ratios,
+  so a clock drift during the run moves both sides alike.
+
+Routes and activations are seeded by the problem (tokens, topk, experts, k), so every variant of
+a shape, in any registry or order, sees the same routes and so the same padding.
 
 Registers, spills and shared memory of each variant come from the registry file (sqlite3).
 Timings are medians of CUDA-event intervals (`_timing.device_ms`). Imports: the stdlib, torch,
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import sqlite3
+import statistics
 import sys
 
 import torch
@@ -57,6 +63,11 @@ def timed(fn, iters: int, before=None) -> float:
     return device_ms(fn, reps=iters, warmup=1, before=before) / 1e3
 
 
+def seeded(*problem: int) -> torch.Generator:
+    """A generator seeded by the problem alone (ints hash the same in every process)."""
+    return torch.Generator(device="cuda").manual_seed(hash(problem) & 0xFFFFFFFF)
+
+
 def routes(tokens: int, topk: int, experts: int, gen: torch.Generator) -> torch.Tensor:
     """Each token picks ``topk`` distinct experts uniformly."""
     scores = torch.rand(tokens, experts, device="cuda", generator=gen)
@@ -73,10 +84,9 @@ def dequantized(w: torch.Tensor, s: torch.Tensor, group: int) -> torch.Tensor:
 class Bench:
     def __init__(self, registry: Registry, args: argparse.Namespace) -> None:
         self.registry, self.args = registry, args
-        self.gen = torch.Generator(device="cuda").manual_seed(0)
         # Read (not write) 512 MiB before each timed GEMM: the L2 then holds clean lines only.
         self.flush = torch.ones(128 * 2**20, device="cuda", dtype=torch.float32)
-        self.baselines: dict[tuple, dict] = {}  # torch times depend on the problem, not the tiling
+        self.baselines: dict[tuple, dict] = {}  # torch's work depends on the problem, not the tiling
 
     def route_pack(self, p: dict):
         for e in self.registry.entries():
@@ -95,11 +105,12 @@ class Bench:
         pack = self.route_pack(p)
         experts = min(a.experts, p["e_cap"])
         elem = TORCH[p["element"]]
+        gen = seeded(experts, p["n"], p["k"], p["group"])
         w = torch.randint(
-            0, 256, (experts, p["n"], p["k"] // 2), device="cuda", dtype=torch.uint8, generator=self.gen
+            0, 256, (experts, p["n"], p["k"] // 2), device="cuda", dtype=torch.uint8, generator=gen
         )
         s = (
-            (torch.rand(experts, p["n"], p["k"] // p["group"], device="cuda", generator=self.gen) + 0.5)
+            (torch.rand(experts, p["n"], p["k"] // p["group"], device="cuda", generator=gen) + 0.5)
             / (8 * p["k"] ** 0.5)
         ).to(elem)
         result = {"params": p}
@@ -110,8 +121,9 @@ class Bench:
     def phase(self, gemm, pack, p: dict, w, s, experts: int, tokens: int) -> dict:
         """Time route packing and the GEMM for ``tokens`` tokens; prefill also times torch."""
         iters, elem = self.args.iters, TORCH[p["element"]]
-        x = torch.randn(tokens, p["k"], device="cuda", generator=self.gen).to(elem)
-        ids = routes(tokens, p["topk"], experts, self.gen)
+        gen = seeded(tokens, p["topk"], experts, p["k"])
+        x = torch.randn(tokens, p["k"], device="cuda", generator=gen).to(elem)
+        ids = routes(tokens, p["topk"], experts, gen)
         words = scratch_words(tokens, p["topk"], p["block_m"], p["e_cap"])
         scratch = torch.empty(words, device="cuda", dtype=torch.int32)
         out = torch.empty(tokens, p["topk"], p["n"], device="cuda", dtype=TORCH[p["output"]])
@@ -119,25 +131,54 @@ class Bench:
         gemm.checked(out, x, w, s, scratch, tokens, experts)
         torch.cuda.synchronize()
         t_pack = timed(lambda: pack(scratch, ids, tokens, experts), iters)
-        t_gemm = timed(lambda: gemm(out, x, w, s, scratch, tokens, experts), iters, before=self.flush.sum)
         touched = int(torch.unique(ids).numel())
+        if tokens == self.args.prefill_tokens:
+            problem = (p["element"], p["n"], p["k"], p["group"], p["topk"], experts, tokens)
+            if problem not in self.baselines:
+                self.baselines[problem] = self.torch_baseline(x, ids, w, s, p)
+            return self.versus_torch(
+                lambda: gemm(out, x, w, s, scratch, tokens, experts),
+                self.baselines[problem],
+                tokens,
+                touched,
+                t_pack,
+            )
+        t_gemm = timed(lambda: gemm(out, x, w, s, scratch, tokens, experts), iters, before=self.flush.sum)
         weight_bytes = touched * p["n"] * (p["k"] // 2 + p["k"] // p["group"] * s.element_size())
-        result = {
+        return {
             "tokens": tokens,
             "experts_touched": touched,
             "route_pack_s": t_pack,
             "gemm_s": t_gemm,
             "weight_bytes_per_s": weight_bytes / t_gemm,
         }
-        if tokens == self.args.prefill_tokens:
-            problem = (p["element"], p["n"], p["k"], p["group"], experts, tokens)
-            if problem not in self.baselines:
-                self.baselines[problem] = self.torch_baseline(x, ids, w, s, p)
-            result.update(self.baselines[problem])
-        return result
+
+    def versus_torch(self, gemm, baseline: dict, tokens: int, touched: int, t_pack: float) -> dict:
+        """The GEMM, torch eager and torch's graph replay, timed in turn for ``--rounds`` rounds."""
+        iters = self.args.iters
+        rounds = {"gemm_s": [], "torch_eager_s": [], "torch_graph_s": [], "ratio": []}
+        for _ in range(self.args.rounds):
+            mine = timed(gemm, iters, before=self.flush.sum)
+            eager = timed(baseline["eager"], iters, before=self.flush.sum)
+            graph = timed(baseline["graph"].replay, iters, before=self.flush.sum)
+            for key, value in (("gemm_s", mine), ("torch_eager_s", eager), ("torch_graph_s", graph)):
+                rounds[key].append(value)
+            rounds["ratio"].append(min(eager, graph) / mine)
+        median = {key: statistics.median(values) for key, values in rounds.items()}
+        return {
+            "tokens": tokens,
+            "experts_touched": touched,
+            "route_pack_s": t_pack,
+            "gemm_s": median["gemm_s"],
+            "torch_eager_s": median["torch_eager_s"],
+            "torch_graph_s": median["torch_graph_s"],
+            "speedup_vs_torch": median["ratio"],
+            "rounds": rounds,
+        }
 
     def torch_baseline(self, x, ids, w, s, p) -> dict:
-        """Per-expert matmuls on pre-dequantized weights and pre-gathered rows."""
+        """Per-expert matmuls on pre-dequantized weights and pre-gathered rows: an eager loop and
+        its CUDA graph."""
         flat = ids.reshape(-1).long()
         rows = torch.arange(flat.numel(), device="cuda") // p["topk"]
         work = []
@@ -155,8 +196,6 @@ class Bench:
             for xe, we, oe in work:
                 torch.matmul(xe, we.T, out=oe)
 
-        loop()
-        eager = timed(loop, self.args.iters)
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
@@ -164,8 +203,7 @@ class Bench:
         torch.cuda.synchronize()
         with torch.cuda.graph(graph, stream=stream):
             loop()
-        replay = timed(graph.replay, self.args.iters)
-        return {"torch_eager_s": eager, "torch_graph_s": replay}
+        return {"eager": loop, "graph": graph, "work": work}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--decode-tokens", type=int, default=16)
     ap.add_argument("--prefill-tokens", type=int, default=4096)
-    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--iters", type=int, default=20, help="timed launches per measurement")
+    ap.add_argument("--rounds", type=int, default=3, help="prefill: alternating GEMM/torch rounds")
     args = ap.parse_args(argv)
     where = dict(item.split("=", 1) for item in args.where)
 
@@ -217,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         p, d, f = r["params"], r["decode"], r["prefill"]
         torch_s = min(f["torch_eager_s"], f["torch_graph_s"])
         r["decode_ratio_to_copy"] = d["weight_bytes_per_s"] / copy_bw
-        r["prefill_speedup_vs_torch"] = torch_s / f["gemm_s"]
+        r["prefill_speedup_vs_torch"] = f["speedup_vs_torch"]
         label = "{element}>{output} n{n} k{k} g{group} m{block_m} {tile_n}x{tile_k}x{stages} t{cta_threads} e{e_cap}".format(
             **p
         )
