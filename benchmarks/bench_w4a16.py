@@ -10,12 +10,13 @@ For every moe.w4a16 variant of the device's arch in the registry (narrowed by ``
   reported against a device-to-device copy measured in the same run (bytes read + written).
 - **prefill**: ``--prefill-tokens`` tokens (default 4096); the GEMM time against torch bf16/fp16
   matmuls on pre-dequantized weights, one per expert over its pre-gathered rows (timed eager
-  and as a replayed CUDA graph; the ratio uses the faster of the two). The GEMM and torch are
-  timed in alternation over ``--rounds`` rounds; the ratio is the median of the rounds' ratios,
-  so a clock drift during the run moves both sides alike.
+  and as a replayed CUDA graph, each with L2 flushed before every launch; the ratio uses the
+  faster of the two). The GEMM and torch are timed in alternation over ``--rounds`` rounds; the
+  ratio is the median of the rounds' ratios, so a clock drift during the run moves both sides
+  alike.
 
-Routes and activations are seeded by the problem (tokens, topk, experts, k), so every variant of
-a shape, in any registry or order, sees the same routes and so the same padding.
+Routes, activations and weights are seeded by the problem, so every variant of a shape, in any
+registry or order, sees the same routes and so the same padding.
 
 Registers, spills and shared memory of each variant come from the registry file (sqlite3).
 Timings are medians of CUDA-event intervals (`_timing.device_ms`). Imports: the stdlib, torch,
@@ -206,6 +207,13 @@ class Bench:
         return {"eager": loop, "graph": graph, "work": work}
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--registry", required=True, help="registry file (SQLite)")
@@ -222,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--decode-tokens", type=int, default=16)
     ap.add_argument("--prefill-tokens", type=int, default=4096)
-    ap.add_argument("--iters", type=int, default=20, help="timed launches per measurement")
-    ap.add_argument("--rounds", type=int, default=3, help="prefill: alternating GEMM/torch rounds")
+    ap.add_argument("--iters", type=positive, default=20, help="timed launches per measurement")
+    ap.add_argument("--rounds", type=positive, default=3, help="prefill: alternating GEMM/torch rounds")
     args = ap.parse_args(argv)
     where = dict(item.split("=", 1) for item in args.where)
 
