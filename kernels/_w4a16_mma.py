@@ -33,7 +33,8 @@ class MmaSyncMainloop:
 
     @cute.jit
     def mainloop_mma(self, m_out, sc, rows: Int32, nt: Int32, views, copies, tid: Int32):
-        """k-loop of warp-level ``mma.sync`` and the epilogue (every arch; decode tiles)."""
+        """k-loop of warp-level ``mma.sync`` and the epilogue (every arch; every tile the wgmma
+        loop does not take)."""
         a_row0, s_a32, s_w32, s_s16, s_se, mma = views
         stages, tn = self.stages, self.tn
         lane, warp = tid % 32, tid // 32

@@ -61,12 +61,9 @@ class WgmmaMainloop:
         # narrowest width that holds every real row, so a block of a few real rows costs its
         # dequant but only an n = 16 wgmma per step.
         self.kloop_fitting(acc, state, sc, rows, (bm, *(x for x in (64, 32, 16) if x < bm)))
-        cute.nvgpu.warpgroup.wait_group(0)
 
         # Epilogue: accumulator 4i + 2rr + e is (weight row r0 + 8rr, block row 8i + 2c + e).
-        flat = self.tensor(
-            cute.recast_ptr(m_out.iterator, dtype=self.output), cute.size(m_out) * self.out_vec
-        )
+        flat = self.tensor(m_out.iterator, cute.size(m_out))
         for ci in cutlass.range_constexpr(chunks):
             col = nt * tn + (wg + ci * wgs) * 64 + v * 16 + g
             for i in cutlass.range_constexpr(bm // 8):

@@ -21,8 +21,8 @@ of the inputs: deterministic, and bit-identical between eager launches and graph
 The required scratch is ``scratch_words(max_tokens, topk, block_m, e_cap)`` i32 words; entries
 past the used blocks are left untouched.
 
-One CTA does it all, in three passes over ``route_ids``: each warp owns a contiguous segment of
-routes and counts them per bucket into its own shared histogram row (``match.any`` groups the
+One CTA does it all, in two passes over ``route_ids`` around a scan: each warp owns a
+contiguous segment of routes and counts them per bucket into its own shared histogram row (``match.any`` groups the
 equal buckets of 32 routes, so no atomics are needed and order is kept); a scan over warps and
 buckets turns counts into each (warp, bucket) cursor; each warp then rescans its segment and
 scatters route indices. That is ``O(R / warps + e_cap)`` steps per thread, about ten
@@ -38,7 +38,7 @@ from cutlass import Int32, Uint32
 
 from ._base import AotKernel
 
-__all__ = ["HEADER_WORDS", "RoutePack", "max_blocks", "scratch_words"]
+__all__ = ["HEADER_WORDS", "RoutePack", "max_blocks", "scratch_bounds", "scratch_words"]
 
 HEADER_WORDS = 4
 
@@ -52,6 +52,15 @@ def max_blocks(num_tokens: int, topk: int, block_m: int, e_cap: int) -> int:
 def scratch_words(num_tokens: int, topk: int, block_m: int, e_cap: int) -> int:
     """i32 words of scratch that ``num_tokens`` (or fewer) tokens need; monotone in tokens."""
     return HEADER_WORDS + max_blocks(num_tokens, topk, block_m, e_cap) * (1 + block_m)
+
+
+def scratch_bounds(num_tokens: Int32, num_experts: Int32, *, topk: int, block_m: int, e_cap: int):
+    """Traced :func:`max_blocks`, for the kernels that write and read the scratch: the routes
+    ``R``, the resident experts ``min(num_experts, e_cap)`` (both clamped at 0) and ``B``."""
+    routes = cutlass.max(num_tokens, Int32(0)) * topk
+    live = cutlass.min(cutlass.max(num_experts, Int32(0)), Int32(e_cap))
+    bound = (routes + block_m - 1) // block_m + cutlass.min(routes, Int32(e_cap + 1))
+    return routes, live, bound
 
 
 class RoutePack(AotKernel):
@@ -103,9 +112,9 @@ class RoutePack(AotKernel):
         warp = tid // 32
         nb = self.buckets
         bm = self.block_m
-        routes = cutlass.max(num_tokens, Int32(0)) * self.topk
-        live = cutlass.min(cutlass.max(num_experts, Int32(0)), Int32(self.e_cap))
-        blocks_bound = (routes + bm - 1) // bm + cutlass.min(routes, Int32(nb))
+        routes, live, blocks_bound = scratch_bounds(
+            num_tokens, num_experts, topk=self.topk, block_m=bm, e_cap=self.e_cap
+        )
         rows_base = blocks_bound + HEADER_WORDS
 
         out = self.tensor(scratch, HEADER_WORDS + blocks_bound * (1 + bm))

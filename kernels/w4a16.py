@@ -41,7 +41,7 @@ from ._ptx import cp_async_16_l2_256
 from ._w4a16_dequant import DTYPES
 from ._w4a16_mma import MmaSyncMainloop
 from ._w4a16_wgmma import WgmmaMainloop
-from .route_pack import HEADER_WORDS
+from .route_pack import HEADER_WORDS, scratch_bounds
 
 __all__ = ["W4A16", "smem_bytes"]
 
@@ -50,7 +50,7 @@ def smem_bytes(
     *, element: str, k: int, group: int, block_m: int, tile_n: int, tile_k: int, stages: int
 ) -> int:
     """Dynamic shared memory of a variant; the spec's ``launch.smem`` must say the same."""
-    size = 2 if element in ("bf16", "fp16") else 0
+    size = 2  # bf16 or fp16 activations and scales
     return stages * (block_m * tile_k * size + tile_n * tile_k // 2) + tile_n * _scale_row_bytes(
         k, group, size
     )
@@ -128,7 +128,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             (k % tile_k or tile_k % 64, "tile_k % 64 == 0 and k % tile_k == 0"),
             (cta_threads % 32 or self.nw % 8 or self.nw * self.warps != tile_n, "tile_n % (8 * warps) == 0"),
             (block_m % 16, "block_m % 16 == 0"),
-            (group % 16 or (k // group) % 8, "(k // group) % 8 == 0"),
+            (group % 16 or (k // group) % 8, "group % 16 == 0 and (k // group) % 8 == 0"),
             (cta_threads % self.qa, "cta_threads % (tile_k // 8) == 0"),
             (self.kt_count < stages or stages < 2, "2 <= stages <= k // tile_k"),
         ]
@@ -175,14 +175,12 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         tid, _, _ = cute.arch.thread_idx()
         blk, nt, _ = cute.arch.block_idx()
         bm = self.bm
-        routes = cutlass.max(num_tokens, Int32(0)) * self.topk
-        nblk = (routes + bm - 1) // bm + cutlass.min(routes, Int32(self.e_cap + 1))
+        routes, live, nblk = scratch_bounds(num_tokens, num_experts, topk=self.topk, block_m=bm, e_cap=self.e_cap)
         sc = self.tensor(scratch, HEADER_WORDS + nblk * (1 + bm))
         m_out = self.vectors(out, self.out_vec, routes * self.n // self.out_vec)
         if blk < sc[0]:
             expert = sc[HEADER_WORDS + blk]
             rows = HEADER_WORDS + nblk + blk * bm
-            live = cutlass.min(cutlass.max(num_experts, Int32(0)), Int32(self.e_cap))
             if expert >= 0 and expert < live:
                 self.gemm_block(m_out, a, w, scales, sc, rows, expert, nt, num_tokens, tid)
             else:
@@ -306,12 +304,6 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             self.issue(Int32(s), Int32(s), atom_a, g_a, s_a, a_src, g_w, s_w, w_src, tid)
             cute.arch.cp_async_commit_group()
 
-        # ldmatrix address of step 0: lane 8m + i reads row (m % 2) * 8 + i of an m16 atom, at
-        # 16-byte chunk m // 2, swizzled by the row (whose low 3 bits are i). Step s reads chunk
-        # 2s + m // 2: the address XOR (s << 5), as rows and the tile base are 128-byte aligned.
-        a_row0 = (
-            base.toint() + (((lane // 8) % 2) * 8 + lane % 8) * (qa * 16) + (((lane // 16) ^ (lane % 8)) * 16)
-        )
         if cutlass.const_expr(self.uses_wgmma()):
             self.mainloop_wgmma(
                 m_out,
@@ -325,6 +317,12 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 tid,
             )
         else:
+            # ldmatrix address of step 0: lane 8m + i reads row (m % 2) * 8 + i of an m16 atom, at
+            # 16-byte chunk m // 2, swizzled by the row (whose low 3 bits are i). Step s reads chunk
+            # 2s + m // 2: the address XOR (s << 5), as rows and the tile base are 128-byte aligned.
+            a_row0 = (
+                base.toint() + (((lane // 8) % 2) * 8 + lane % 8) * (qa * 16) + (((lane // 16) ^ (lane % 8)) * 16)
+            )
             self.mainloop_mma(
                 m_out,
                 sc,

@@ -7,7 +7,9 @@ tuples for ``in``, string and integer literals, names, and four functions: ``cdi
 (ceiling division), ``min``, ``max`` and ``sizeof(dtype)`` (bytes per element).
 
 Evaluation is duck-typed, so the same tree evaluates over Python ints (constraints, the
-loader) and over the DSL's traced ``Int32`` values (the kernel's host launch function).
+loader) and over the DSL's traced ``Int32`` values (the kernel's host launch function, which
+passes the DSL's own ``min`` and ``max`` in ``functions``, as Python's cannot order traced
+values).
 Operands of ``//`` and ``%`` are expected to be non-negative; there floor and truncation agree.
 """
 
