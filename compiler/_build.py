@@ -37,15 +37,13 @@ class BuildSummary:
         return not self.failed and not self.planned.get("failed", 0)
 
     def record(self) -> dict[str, Any]:
-        """What the registry keeps of the build: counts, and the failures in full."""
-        return {
-            "planned": self.planned,
-            "built": self.built,
-            "unchanged": self.unchanged,
-            "rejected": len(self.rejected),
-            "failed": [f for f in self.failed if not f["previous_build"]],
-            "seconds": round(self.seconds, 3),
-        }
+        """What the registry keeps of the build: :meth:`to_json` with rejections counted, not
+        listed, and only the failures this build made (recorded ones are already stored)."""
+        out = self.to_json()
+        del out["build_id"], out["ok"]
+        out["rejected"] = len(self.rejected)
+        out["failed"] = [f for f in self.failed if not f["previous_build"]]
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {

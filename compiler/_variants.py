@@ -19,7 +19,7 @@ from ._arch import ARCHS
 from ._spec import Spec
 from .errors import SpecError, SpecFault
 
-__all__ = ["Rejection", "Variant", "expand", "parse_where"]
+__all__ = ["Rejection", "Variant", "expand", "params_text", "parse_where", "variant_label"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +38,17 @@ class Variant:
 
     @property
     def label(self) -> str:
-        params = ",".join(f"{k}={v}" for k, v in self.params.items())
-        return f"{self.spec.family}[{params}]@{self.arch}"
+        return variant_label(self.spec.family, self.params, self.arch)
+
+
+def params_text(params: Mapping[str, Any]) -> str:
+    """``k=v,k=v`` in the spec's param order."""
+    return ",".join(f"{k}={v}" for k, v in params.items())
+
+
+def variant_label(family: str, params: Mapping[str, Any], arch: str) -> str:
+    """How the compiler and the audits name a variant: ``family[k=v,...]@arch``."""
+    return f"{family}[{params_text(params)}]@{arch}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, func, null, select
 
+from ..compiler._variants import variant_label
 from ._schema import Build, CurrentVariant, Failure, KernelRow, Source, SpecRow, Variant
 from ._schema import Toolchain as ToolchainRow
 from .errors import NoSuchVariant
@@ -32,16 +33,6 @@ __all__ = [
     "provenance_of",
     "variant_rows",
 ]
-
-
-def params_text(params: Mapping[str, Any]) -> str:
-    """``k=v,k=v`` in the spec's param order."""
-    return ",".join(f"{k}={v}" for k, v in params.items())
-
-
-def variant_label(family: str, params: Mapping[str, Any], arch: str) -> str:
-    """How the audits name a variant: ``family[k=v,...]@arch``."""
-    return f"{family}[{params_text(params)}]@{arch}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,23 +127,23 @@ class FailureRow:
         return {name: getattr(self, name) for name in self.__slots__ if name != "log"}  # type: ignore[attr-defined]
 
 
-def failure_rows(conn: Connection) -> list[FailureRow]:
-    """Every key's latest failure, by family then key."""
-    rows = conn.execute(
-        select(
-            Failure.key,
-            Failure.family,
-            Failure.arch,
-            Failure.params_json,
-            Failure.kind,
-            Failure.stage,
-            Failure.reason,
-            Failure.build_id,
-            Failure.log,
-        )
-        .where(Failure.id.in_(_latest_failure_ids()))
-        .order_by(Failure.family, Failure.key)
-    )
+def failure_rows(conn: Connection, *, key_prefix: str | None = None) -> list[FailureRow]:
+    """Every key's latest failure, by family then key; with ``key_prefix``, only the keys that
+    start with it, and their logs (compile logs are long: only one key's is ever printed)."""
+    query = select(
+        Failure.key,
+        Failure.family,
+        Failure.arch,
+        Failure.params_json,
+        Failure.kind,
+        Failure.stage,
+        Failure.reason,
+        Failure.build_id,
+        Failure.log if key_prefix is not None else null(),
+    ).where(Failure.id.in_(_latest_failure_ids()))
+    if key_prefix is not None:
+        query = query.where(Failure.key.startswith(key_prefix, autoescape=True))
+    rows = conn.execute(query.order_by(Failure.family, Failure.key))
     return [FailureRow(r[0], r[1], r[2], json.loads(r[3]), *r[4:]) for r in rows]
 
 
@@ -185,10 +176,6 @@ class VariantRow:
     ptxas_version: str | None
     classes: Mapping[str, int] | None
     opcodes: Mapping[str, int] | None
-
-    @property
-    def params_text(self) -> str:
-        return params_text(self.params)
 
     @property
     def label(self) -> str:

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..compiler._variants import params_text
 from ._audit import Change, DiffReport, Fault, StaleVariant
 from ._queries import FailureRow, VariantRow
 
@@ -36,7 +37,7 @@ def print_variants(rows: Sequence[VariantRow], title: str) -> None:
             r.family,
             str(r.abi),
             r.arch,
-            Text(r.params_text),
+            Text(params_text(r.params)),
             str(r.artifact_size),
             str(r.registers),
             spills,
@@ -48,7 +49,7 @@ def print_variants(rows: Sequence[VariantRow], title: str) -> None:
 
 def print_variant(row: VariantRow, prov: dict[str, Any]) -> None:
     """One variant's full provenance and resources, a field per line."""
-    table = Table(title=f"{row.family} {row.params_text} @ {row.arch}", show_header=False)
+    table = Table(title=f"{row.family} {params_text(row.params)} @ {row.arch}", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     rows: list[tuple[str, Any]] = [

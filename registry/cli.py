@@ -373,12 +373,11 @@ def failures_(registry: str, log_key: str | None, as_json: bool) -> None:
     """Variants whose latest build attempt failed or was rejected, with the reason."""
     store = _open(registry)
     with store.read() as conn:
-        rows = failure_rows(conn)
+        rows = failure_rows(conn, key_prefix=log_key or None)
     if log_key:
-        match = [f for f in rows if f.key.startswith(log_key)]
-        if len(match) != 1:
-            raise click.UsageError(f"--log {log_key!r} matches {len(match)} failures")
-        click.echo(match[0].log or match[0].reason)
+        if len(rows) != 1:
+            raise click.UsageError(f"--log {log_key!r} matches {len(rows)} failures")
+        click.echo(rows[0].log or rows[0].reason)
         return
     if as_json:
         _emit_json([f.to_json() for f in rows])
