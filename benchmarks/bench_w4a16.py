@@ -26,7 +26,6 @@ b12x_aot.loader and the benchmarks' `_timing`.
 from __future__ import annotations
 
 import argparse
-import json
 import sqlite3
 import statistics
 import sys
@@ -35,7 +34,7 @@ import torch
 
 from b12x_aot.loader import Registry
 
-from _timing import copy_gbps, device_ms
+from _timing import copy_gbps, device_ms, emit
 
 TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 HEADER = 4
@@ -87,39 +86,50 @@ class Bench:
         self.registry, self.args = registry, args
         # Read (not write) 512 MiB before each timed GEMM: the L2 then holds clean lines only.
         self.flush = torch.ones(128 * 2**20, device="cuda", dtype=torch.float32)
-        self.baselines: dict[tuple, dict] = {}  # torch's work depends on the problem, not the tiling
+        # Weights and torch's per-expert work depend on the problem, not the tiling; variants
+        # come grouped by problem, so only the current problem's are kept (they are large).
+        self.weights: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.baselines: dict[tuple, dict] = {}
+        self.packs: dict[tuple, object] = {}
 
     def route_pack(self, p: dict):
-        for e in self.registry.entries():
-            q = e.params
-            if e.family == "moe.route_pack" and (q["topk"], q["block_m"], q["e_cap"]) == (
-                p["topk"],
-                p["block_m"],
-                p["e_cap"],
-            ):
-                return self.registry.kernel(e.family, e.abi, **q).prepare()
-        raise SystemExit(f"no moe.route_pack variant for {p}")
+        """The prepared moe.route_pack variant whose scratch layout matches the GEMM's params."""
+        want = (p["topk"], p["block_m"], p["e_cap"])
+        if want not in self.packs:
+            for e in self.registry.entries():
+                q = e.params
+                if e.family == "moe.route_pack" and (q["topk"], q["block_m"], q["e_cap"]) == want:
+                    self.packs[want] = self.registry.kernel(e.family, e.abi, **q).prepare()
+                    break
+            else:
+                raise SystemExit(f"no moe.route_pack variant for {p}")
+        return self.packs[want]
+
+    def weights_for(self, p: dict, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+        problem = (p["element"], experts, p["n"], p["k"], p["group"])
+        if problem not in self.weights:
+            gen = seeded(experts, p["n"], p["k"], p["group"])
+            w = torch.randint(
+                0, 256, (experts, p["n"], p["k"] // 2), device="cuda", dtype=torch.uint8, generator=gen
+            )
+            s = (torch.rand(experts, p["n"], p["k"] // p["group"], device="cuda", generator=gen) + 0.5) / (
+                8 * p["k"] ** 0.5
+            )
+            self.weights = {problem: (w, s.to(TORCH[p["element"]]))}
+        return self.weights[problem]
 
     def run(self, entry) -> dict:
         p, a = dict(entry.params), self.args
         gemm = self.registry.kernel(entry.family, entry.abi, **p).prepare()
         pack = self.route_pack(p)
         experts = min(a.experts, p["e_cap"])
-        elem = TORCH[p["element"]]
-        gen = seeded(experts, p["n"], p["k"], p["group"])
-        w = torch.randint(
-            0, 256, (experts, p["n"], p["k"] // 2), device="cuda", dtype=torch.uint8, generator=gen
-        )
-        s = (
-            (torch.rand(experts, p["n"], p["k"] // p["group"], device="cuda", generator=gen) + 0.5)
-            / (8 * p["k"] ** 0.5)
-        ).to(elem)
+        w, s = self.weights_for(p, experts)
         result = {"params": p}
         for phase, tokens in (("decode", a.decode_tokens), ("prefill", a.prefill_tokens)):
-            result[phase] = self.phase(gemm, pack, p, w, s, experts, tokens)
+            result[phase] = self.phase(phase, gemm, pack, p, w, s, experts, tokens)
         return result
 
-    def phase(self, gemm, pack, p: dict, w, s, experts: int, tokens: int) -> dict:
+    def phase(self, phase: str, gemm, pack, p: dict, w, s, experts: int, tokens: int) -> dict:
         """Time route packing and the GEMM for ``tokens`` tokens; prefill also times torch."""
         iters, elem = self.args.iters, TORCH[p["element"]]
         gen = seeded(tokens, p["topk"], experts, p["k"])
@@ -133,10 +143,10 @@ class Bench:
         torch.cuda.synchronize()
         t_pack = timed(lambda: pack(scratch, ids, tokens, experts), iters)
         touched = int(torch.unique(ids).numel())
-        if tokens == self.args.prefill_tokens:
+        if phase == "prefill":
             problem = (p["element"], p["n"], p["k"], p["group"], p["topk"], experts, tokens)
             if problem not in self.baselines:
-                self.baselines[problem] = self.torch_baseline(x, ids, w, s, p)
+                self.baselines = {problem: self.torch_baseline(x, ids, w, s, p)}
             return self.versus_torch(
                 lambda: gemm(out, x, w, s, scratch, tokens, experts),
                 self.baselines[problem],
@@ -204,7 +214,12 @@ class Bench:
         torch.cuda.synchronize()
         with torch.cuda.graph(graph, stream=stream):
             loop()
-        return {"eager": loop, "graph": graph, "work": work}
+        return {"eager": loop, "graph": graph}  # both keep ``work`` alive
+
+
+def problem_of(params) -> tuple:
+    """What the data, routes and torch's work depend on (the rest is tiling)."""
+    return tuple(params[k] for k in ("element", "output", "topk", "n", "k", "group", "e_cap"))
 
 
 def positive(text: str) -> int:
@@ -246,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             and e.arch == arch
             and all(str(e.params.get(k)) == v for k, v in where.items())
         ),
-        key=lambda e: sorted(e.params.items()),
+        key=lambda e: (problem_of(e.params), sorted(e.params.items())),
     )
     if not entries:
         print(f"no moe.w4a16 variants for {arch} match {where}", file=sys.stderr)
@@ -264,19 +279,17 @@ def main(argv: list[str] | None = None) -> int:
         p, d, f = r["params"], r["decode"], r["prefill"]
         torch_s = min(f["torch_eager_s"], f["torch_graph_s"])
         r["decode_ratio_to_copy"] = d["weight_bytes_per_s"] / copy_bw
-        r["prefill_speedup_vs_torch"] = f["speedup_vs_torch"]
         label = "{element}>{output} n{n} k{k} g{group} m{block_m} {tile_n}x{tile_k}x{stages} t{cta_threads} e{e_cap}".format(
             **p
         )
         print(
             f"{label:58} {r.get('registers', 0):>4} {r.get('spill_bytes', 0) or 0:>5} {r.get('dynamic_smem', 0):>7} "
             f"{d['route_pack_s'] * 1e6:>7.1f} {d['gemm_s'] * 1e6:>7.1f} {d['weight_bytes_per_s'] / 1e9:>6.0f} "
-            f"{r['decode_ratio_to_copy']:>5.2f} {f['gemm_s'] * 1e3:>7.3f} {torch_s * 1e3:>7.3f} {r['prefill_speedup_vs_torch']:>5.2f}"
+            f"{r['decode_ratio_to_copy']:>5.2f} {f['gemm_s'] * 1e3:>7.3f} {torch_s * 1e3:>7.3f} {f['speedup_vs_torch']:>5.2f}"
         )
         sys.stdout.flush()
     if args.json_out:
-        with open(args.json_out, "w") as fh:
-            json.dump({"arch": arch, "copy_bytes_per_s": copy_bw, "variants": results}, fh, indent=1)
+        emit({"arch": arch, "copy_bytes_per_s": copy_bw, "variants": results}, args.json_out)
     registry.close()
     return 0
 
