@@ -89,6 +89,27 @@ def registry_cli(
     )
 
 
+def current_rows(registry: str | Path) -> list:
+    """The registry's current variants as the audits read them (``variant_rows``)."""
+    from b12x_aot.registry import RegistryStore, variant_rows  # sqlalchemy: not on GPU machines
+
+    store = RegistryStore.open(str(registry))
+    try:
+        with store.read() as conn:
+            return variant_rows(conn)
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def needs_nvdisasm() -> None:
+    """Skip a test that reads SASS histograms when nvdisasm (the [sass] extra) is missing."""
+    from b12x_aot.compiler._sass import find_nvdisasm
+
+    if find_nvdisasm() is None:
+        pytest.skip("nvdisasm is not installed (the [sass] extra)")
+
+
 def write_spec(directory: Path, name: str, text: str) -> Path:
     path = directory / name
     path.write_text(textwrap.dedent(text).lstrip())

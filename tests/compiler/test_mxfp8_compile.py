@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from b12x_aot.compiler._arch import ARCHS
-from b12x_aot.compiler._sass import find_nvdisasm, sass_histograms
+from b12x_aot.compiler._sass import sass_histograms
 from b12x_aot.loader._index import RegistryIndex
 
 from ..conftest import SPECS, checked_cubin, run_compile
@@ -57,9 +57,8 @@ def test_builds_every_arch_with_the_spec_param_table(mxfp8_registry: Path) -> No
         assert kernel.frame_bytes == 0 and kernel.static_smem_bytes == 0
 
 
+@pytest.mark.usefixtures("needs_nvdisasm")
 def test_sass_is_vectorised_and_spill_free(mxfp8_registry: Path) -> None:
-    if find_nvdisasm() is None:
-        pytest.skip("nvdisasm is not installed (the [sass] extra)")
     index = RegistryIndex(mxfp8_registry)
     for entry in index.entries.values():
         sass = sass_histograms(index.read_artifact(entry))

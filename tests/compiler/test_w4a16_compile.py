@@ -12,9 +12,8 @@ from b12x_aot.compiler._arch import ARCHS
 from b12x_aot.compiler._spec import load_spec
 from b12x_aot.compiler._variants import expand
 from b12x_aot.loader._index import RegistryIndex
-from b12x_aot.registry import RegistryStore, variant_rows
 
-from ..conftest import ROOT, SPECS, checked_cubin, run_compile
+from ..conftest import ROOT, SPECS, checked_cubin, current_rows, run_compile
 
 pytestmark = pytest.mark.dsl
 
@@ -22,6 +21,7 @@ W4A16 = SPECS / "moe_w4a16.yaml"
 ROUTE_PACK = SPECS / "moe_route_pack.yaml"
 FULL = ROOT / "tests" / "specs" / "moe_w4a16_full.yaml"
 TILES = ROOT / "benchmarks" / "specs" / "bench_w4a16_tiles.yaml"
+PACK_TILES = ROOT / "benchmarks" / "specs" / "bench_route_pack_tiles.yaml"
 # Three decode variants per arch that differ only in cta_threads, plus their route packer.
 SUBSET = ("element=bf16", "output=bf16", "n=256", "block_m=16", "group=128", "e_cap=256")
 
@@ -37,15 +37,7 @@ def small_w4a16_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return db
 
 
-def _variant_rows(db: Path) -> list:
-    store = RegistryStore.open(str(db))
-    try:
-        with store.read() as conn:
-            return variant_rows(conn)
-    finally:
-        store.close()
-
-
+@pytest.mark.usefixtures("needs_nvdisasm")
 def test_subset_builds_for_every_arch_with_tensor_cores_and_no_spills(small_w4a16_registry: Path) -> None:
     index = RegistryIndex(small_w4a16_registry)
     entries = list(index.entries.values())
@@ -55,7 +47,7 @@ def test_subset_builds_for_every_arch_with_tensor_cores_and_no_spills(small_w4a1
         (a, t) for a in ARCHS for t in (128, 256, 512)
     }
     assert {e.arch for e in packs} == set(ARCHS)
-    resources = {r.key: r for r in _variant_rows(small_w4a16_registry)}
+    resources = {r.key: r for r in current_rows(small_w4a16_registry)}
     for entry in entries:
         kernel = checked_cubin(index, entry).kernel(entry.symbol)
         assert kernel.max_threads == entry.params["cta_threads"]
@@ -70,13 +62,14 @@ def test_subset_builds_for_every_arch_with_tensor_cores_and_no_spills(small_w4a1
         assert len(set(regs.values())) > 1 and regs[256] != regs[512], f"{arch}: {regs}"
 
 
+@pytest.mark.usefixtures("needs_nvdisasm")
 def test_prefill_tile_runs_wgmma_on_sm90a_only(tmp_path: Path) -> None:
     # The one prefill tile of the subset: sm_90a takes the warpgroup-MMA k-loop (HGMMA, weights as
     # the register operand), the other archs the warp-level one (HMMA); both without spills.
     db = tmp_path / "kernels.db"
     picks = ("element=bf16", "output=bf16", "n=256", "group=128", "block_m=64", "tile_k=64")
     run_compile(str(W4A16), "--registry", str(db), "-j", "2", *[a for p in picks for a in ("--where", p)])
-    rows = _variant_rows(db)
+    rows = current_rows(db)
     mma = {r.arch: {op.split(".")[0] for op in r.opcodes if "MMA" in op} for r in rows}
     assert mma == {"sm_90a": {"HGMMA"}, "sm_100a": {"HMMA"}, "sm_120a": {"HMMA"}}
     assert all(r.spill_store_bytes == 0 for r in rows)
@@ -133,9 +126,16 @@ def test_spec_smem_and_grid_agree_with_the_kernel_modules() -> None:
             static = spec.geometry.bind_static(v.params)
             p = {k: v.params[k] for k in ("element", "k", "group", "block_m", "tile_n", "tile_k", "stages")}
             assert static.smem == smem_bytes(**p), v.label
-    spec = load_spec(W4A16)
+    pack, pack_tiles = load_spec(ROUTE_PACK), load_spec(PACK_TILES)
+    assert (pack.kernel, pack.args, pack.geometry.to_json(), pack.limits) == (
+        pack_tiles.kernel,
+        pack_tiles.args,
+        pack_tiles.geometry.to_json(),
+        pack_tiles.limits,
+    )
+    spec = bundled
     v = expand(spec, archs=["sm_90a"])[0][0]
-    for tokens in (0, 1, 3, 16, 33, 4096, 70000):
+    for tokens in (-5, 0, 1, 3, 16, 33, 4096, 70000):
         for e_cap in (8, 64, 256):
             params = {**v.params, "e_cap": e_cap}
             grid = spec.geometry.grid_of({**params, "num_tokens": tokens, "num_experts": e_cap})
@@ -164,3 +164,20 @@ def test_dry_run_plan_rejects_big_tiles_on_sm120a_only(tmp_path: Path) -> None:
         assert {u["state"] for u in twins} == {"new"} and len(twins) == 2
     built = {v["arch"] for v in items if v["state"] == "new"}
     assert built == {"sm_90a", "sm_100a", "sm_120a"}
+
+
+def test_full_matrix_plans_with_reasons_and_shards_split_it(tmp_path: Path) -> None:
+    # The whole variant space, planned only (no compile): every combination is new or rejected
+    # with a reason, and the shards of a sharded build split the new ones exactly.
+    db = str(tmp_path / "plan.db")
+
+    def new_keys(*extra: str) -> set[str]:
+        plan = json.loads(run_compile(str(FULL), "--registry", db, "--dry-run", "--json", *extra).stdout)
+        assert {v["state"] for v in plan["variants"]} <= {"new", "rejected"}
+        assert all(v["reason"] for v in plan["variants"] if v["state"] == "rejected")
+        return {v["key"] for v in plan["variants"] if v["state"] == "new"}
+
+    whole = new_keys()
+    shards = [new_keys("--shard", f"{i}/2") for i in range(2)]
+    assert whole and shards[0] and shards[1]
+    assert shards[0].isdisjoint(shards[1]) and shards[0] | shards[1] == whole

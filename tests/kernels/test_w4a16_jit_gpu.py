@@ -25,9 +25,7 @@ def test_aot_equals_jit(gpu_registry, device_arch) -> None:
         pack = _route_pack_for(gpu_registry, device_arch, p)
         aot = Case(p, 37, gen)
         aot.launch(pack, gemm)
-        jit = Case(p, 37, gen, weights=(aot.w, aot.s))
-        jit.a.copy_(aot.a)
-        jit.ids.copy_(aot.ids)
+        jit = aot.twin()
         pack_args = [jit.scratch, jit.ids, jit.m, jit.experts]
         gemm_args = [jit.out, jit.a, jit.w, jit.s, jit.scratch, jit.m, jit.experts]
         jit_launcher(RoutePack, pack.kernel.entry, pack_args)(*pack_args)

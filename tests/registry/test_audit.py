@@ -60,12 +60,8 @@ def two_families(tmp_path: Path, env: dict, small_spec_dir: Path) -> tuple[Path,
     shutil.copy(small_spec_dir / "topk_small.yaml", specs / "topk_small.yaml")
     write_spec(specs, "copy.yaml", COPY_SPEC)
     db = tmp_path / "r.db"
-    compile_(env, str(specs), "--registry", str(db), "--arch", "sm_90a", "-j", "2")
+    run_compile(str(specs), "--registry", str(db), "--arch", "sm_90a", "-j", "2", env=env)
     return specs, db
-
-
-def compile_(env: dict, *args: str) -> None:
-    run_compile(*args, env=env)
 
 
 def test_every_audit_prints_a_table_without_json(built_registry: Path) -> None:
@@ -108,7 +104,7 @@ def test_diff_two_builds_after_editing_one_kernel_file(
     source, env = kernel_copy
     specs, db = two_families(tmp_path, env, small_spec_dir)
     edit_kernel(source)
-    compile_(env, str(specs), "--registry", str(db), "--arch", "sm_90a", "-j", "2")
+    run_compile(str(specs), "--registry", str(db), "--arch", "sm_90a", "-j", "2", env=env)
     out = json.loads(registry_cli("diff", "1", "2", "-r", str(db), "--json", env=env).stdout)
     assert not out["added"] and not out["removed"]
     changed = {c["variant"].split("[")[0] for c in out["changed"]}
@@ -243,9 +239,11 @@ def test_gc_removes_only_what_nothing_references(tmp_path: Path, kernel_copy, sm
     specs.mkdir()
     write_spec(specs, "copy.yaml", COPY_SPEC)
     db = tmp_path / "r.db"
-    compile_(env, str(specs), "--registry", str(db), "-j", "2")
+    run_compile(str(specs), "--registry", str(db), "-j", "2", env=env)
     edit_kernel(source)
-    compile_(env, str(specs), "--registry", str(db), "-j", "2")  # 4 new current variants; 4 rows of history
+    run_compile(
+        str(specs), "--registry", str(db), "-j", "2", env=env
+    )  # 4 new current variants; 4 rows of history
     with sqlite3.connect(db) as conn:
         conn.execute(
             "INSERT INTO artifacts (sha256, kind, size, data, created_at) VALUES (?, 'cubin', 3, x'010203', '2026-01-01')",

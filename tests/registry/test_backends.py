@@ -16,7 +16,7 @@ from sqlalchemy.engine import make_url
 from b12x_aot.loader import Registry, RegistryFormatError
 from b12x_aot.registry import RegistryStore, SchemaMismatch, variant_rows
 
-from ..conftest import ROOT, TOPK_SMALL, registry_cli, run_compile, write_spec
+from ..conftest import ROOT, TOPK_SMALL, current_rows, registry_cli, run_compile, write_spec
 
 pytestmark = pytest.mark.dsl
 
@@ -57,12 +57,7 @@ def unsharded(tmp_path_factory: pytest.TempPathFactory, spec_file: Path) -> dict
 
 
 def current(url: str) -> dict[str, str]:
-    store = RegistryStore.open(url)
-    try:
-        with store.read() as conn:
-            return {r.key: r.artifact_sha256 for r in variant_rows(conn)}
-    finally:
-        store.close()
+    return {r.key: r.artifact_sha256 for r in current_rows(url)}
 
 
 def count(url: str, table: str) -> int:
