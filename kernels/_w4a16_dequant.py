@@ -1,9 +1,14 @@
 """Signed int4 pairs to packed bf16/fp16 tensor-core operands, exactly.
 
-``0x4300 | (q ^ 8)`` is the bf16 ``136 + q`` (fp16: ``0x6400 | (q ^ 8)`` is ``1032 + q``), so a
-``prmt`` that places two nibbles in the low bits of the two halves, one ``lop3`` (mask and
-magic), and one exact packed subtract give ``(q0, q1)``; one packed multiply by the scale pair
-then rounds ``q * s`` once to the activation dtype.
+``0x4300 | (q ^ 8)`` is the bf16 ``136 + q`` (fp16: ``0x6400 | (q ^ 8)`` is ``1032 + q``), so
+two nibbles in the low bits of a word's two halves, one ``lop3`` (mask and magic) and one exact
+packed subtract give ``(q0, q1)``; one packed multiply by the scale pair then rounds ``q * s``
+once to the activation dtype. Two ways to bring the nibbles there:
+
+- :func:`int4_pair`: a byte's two nibbles (k and k + 1), by a ``prmt`` of the word and the word
+  shifted right by 4;
+- :func:`int4_split_pair`: nibbles ``t`` and ``t + 4`` of a word (k and k + 4), by one shift
+  (none for ``t == 0``). Cheaper, but the other MMA operand must pair its k's the same way.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from cutlass import Uint32
 
 from ._ptx import asm_u32, prmt
 
-__all__ = ["int4_pair", "pair_selector", "scale_pair", "scaled"]
+__all__ = ["int4_pair", "int4_split_pair", "pair_selector", "scale_pair", "scaled"]
 
 # Per activation dtype: magic high half for 128 + u (bf16) / 1024 + u (fp16) with u = q ^ 8,
 # the packed pair (1, 1) and the packed pair -(magic + 8), so (x * 1) + bias = q exactly.
@@ -35,8 +40,18 @@ def scale_pair(scale: Uint32) -> Uint32:
 def int4_pair(word: Uint32, selector, element: str) -> Uint32:
     """The int4 pair that ``selector`` (:func:`pair_selector`; a constant, or a per-lane register)
     picks from ``word``, as an exact packed operand pair ``(q_low_nibble, q_high_nibble)``."""
+    return _low_nibbles(prmt(word, word >> 4, selector), element)
+
+
+def int4_split_pair(word: Uint32, t: int, element: str) -> Uint32:
+    """Nibbles ``t`` and ``t + 4`` of ``word`` (``0 <= t < 4``), as an exact packed operand pair."""
+    return _low_nibbles(word >> t * 4 if t else word, element)
+
+
+def _low_nibbles(v: Uint32, element: str) -> Uint32:
+    """The signed nibbles in bits 0-3 and 16-19 of ``v`` as the exact packed pair ``(q0, q1)``."""
     magic, one, bias = _MAGIC[element]
-    v = (prmt(word, word >> 4, selector) & Uint32(0x000F000F)) ^ Uint32(magic)
+    v = (v & Uint32(0x000F000F)) ^ Uint32(magic)
     return asm_u32(f"{_FMA[element]} $0, $1, $2, $3;", v, Uint32(one), Uint32(bias))
 
 

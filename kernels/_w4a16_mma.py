@@ -6,11 +6,14 @@ same MMAs whatever ``cta_threads`` is. Activations are the A operand, dequantize
 
 - Decode blocks (``block_m == 16``), interleaved: lane ``(g, c)`` takes, for each 64-wide
   k-chunk, the 16 contiguous k's ``[16c, 16c + 16)`` of its weight rows (8 bytes, one
-  ``ld.shared.v2``) and of its activation rows, whose tile is stored row-interleaved so one
-  ``ld.shared.v4`` is an A fragment: MMA k-slot ``2c + v`` of step ``s`` is k ``16c + 4s + v``,
-  slot ``2c + 8 + v`` is k ``16c + 4s + 2 + v``, identically for A and B. When
-  ``group % tile_k == 0`` the exact int4 is the operand and each k-tile's fp32 partial sum takes
-  its scale in fp32.
+  ``ld.shared.v2``: words ``w0``, ``w1``) and of its activation rows. Operand pairs are k and
+  k + 4, the nibbles one shift brings to the low bits of a word's halves: MMA k-slots
+  ``(2c, 2c + 1)`` of step ``s`` are k ``16c + s`` and ``16c + s + 4`` (nibbles ``s``, ``s + 4``
+  of ``w0``), slots ``(2c + 8, 2c + 9)`` the same of ``w1`` (k + 8). The activation rows are
+  paired alike on their way to shared memory (a ``prmt`` per word, staged in registers one
+  k-tile ahead: a block holds few real rows) and stored row-interleaved, so one
+  ``ld.shared.v4`` is an A fragment. When ``group % tile_k == 0`` the exact int4 is the operand
+  and each k-tile's fp32 partial sum takes its scale in fp32.
 - Larger blocks, rows: natural k order; A fragments by ``ldmatrix`` from the swizzled row tile,
   and lane ``(g, c)`` takes byte ``c`` of each word of its weight row (one broadcast 16-byte load
   per two steps).
@@ -22,8 +25,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint32
 
-from ._ptx import ldmatrix_x4
-from ._w4a16_dequant import int4_pair, pair_selector, scale_pair, scaled
+from ._ptx import ldmatrix_x4, prmt
+from ._w4a16_dequant import int4_pair, int4_split_pair, pair_selector, scale_pair, scaled
 
 __all__ = ["MmaSyncMainloop"]
 
@@ -66,6 +69,42 @@ class MmaSyncMainloop:
                         y[0] = acc[2 * h, mi, at].to(self.output)
                         y[1] = acc[2 * h + 1, mi, at].to(self.output)
                         cute.autovec_copy(y, half[None, (route * self.n + col) // 2])
+
+    @cute.jit
+    def stage_rows(self, kt: Int32, staged, g_a, a_src):
+        """Load this thread's 16-byte pieces of k-tile ``kt``'s activation rows into ``staged``
+        (interleaved tiles: :meth:`pair_rows` stores them one k-tile later, so the load's
+        latency hides behind a k-tile of MMAs)."""
+        for i in cutlass.range_constexpr(self.ra):
+            if a_src[i] >= 0:
+                cute.autovec_copy(g_a[None, a_src[i] + kt * self.qa], staged[None, i])
+
+    @cute.jit
+    def pair_rows(self, slot: Int32, staged, s_a, a_src, tid: Int32):
+        """Store the staged activation pieces into ring slot ``slot``, paired and interleaved.
+
+        Piece ``q`` of row ``r`` is k ``[8q, 8q + 8)``, words ``x0..x3``; its operand words are
+        ``(k + s, k + s + 4)`` for ``s < 4``, one ``prmt`` each. Unit ``p`` (16 bytes) of an m16
+        atom holds the words of step ``p % 4`` of lane column ``p // 4 % 4`` for rows ``g`` and
+        ``g + 8``, k-halves 0 and 1: ``[g:0, g+8:0, g:1, g+8:1]``, one A fragment, at unit
+        ``p ^ g`` (conflict-free reads: the eight ``g`` of a quad column hit distinct banks).
+        """
+        qa, units = self.qa, self.tk // 4
+        q = tid % qa
+        for i in cutlass.range_constexpr(self.ra):
+            r = tid // qa + i * (self.threads // qa)
+            if a_src[i] >= 0:
+                g, h = r % 8, (r % 16) // 8
+                base = (
+                    slot * (2 * self.bm * units)
+                    + (r // 16) * (32 * units)
+                    + g * (4 * units)
+                    + h
+                    + (q % 2) * 2
+                )
+                for s in cutlass.range_constexpr(4):
+                    word = prmt(staged[s // 2, i], staged[s // 2 + 2, i], 0x5410 if s % 2 == 0 else 0x7632)
+                    s_a[base + (((q // 2) * 4 + s) ^ g) * 4] = word
 
     @cute.jit
     def compute_rows(
@@ -140,8 +179,9 @@ class MmaSyncMainloop:
 
         Lane ``(g, c)`` takes the 16 contiguous k's ``[16c, 16c + 16)`` of each 64-wide chunk of
         its weight rows (8 bytes, one ld.shared.v2) and, from the interleaved activation tile,
-        the same k's of its rows: MMA k-slot ``2c + v`` of step ``s`` is k ``16c + 4s + v``,
-        slot ``2c + 8 + v`` is k ``16c + 4s + 2 + v``, identically for A and B.
+        the same k's of its rows: MMA k-slots ``(2c, 2c + 1)`` of step ``s`` are k ``16c + s``
+        and ``16c + s + 4``, slots ``(2c + 8, 2c + 9)`` k ``16c + 8 + s`` and ``16c + 12 + s``,
+        identically for A (:meth:`pair_rows`) and B.
         """
         bm, tn = self.bm, self.tn
         na, ma = self.na, self.ma
@@ -168,7 +208,6 @@ class MmaSyncMainloop:
                     v = Uint32(s_s16[nl * self.srow + grp])
                     sp2[at] = scale_pair(v)
             for step in cutlass.range_constexpr(4):
-                sp, t = step // 2, step % 2
                 afr = cute.make_rmem_tensor((4, ma), Uint32)
                 for mi in cutlass.range_constexpr(ma):
                     unit = (
@@ -181,12 +220,7 @@ class MmaSyncMainloop:
                 bfr = cute.make_rmem_tensor((2, na), Uint32)
                 for at in cutlass.range_constexpr(na):
                     for e in cutlass.range_constexpr(2):
-                        byte = 2 * t + e
-                        q = int4_pair(
-                            wq[sp, at],
-                            pair_selector(byte),
-                            self.elem_name,
-                        )
+                        q = int4_split_pair(wq[e, at], step, self.elem_name)
                         if cutlass.const_expr(self.fp32_scale):
                             bfr[e, at] = q  # exact int4; the k-tile's sum takes the scale in fp32
                         else:

@@ -15,10 +15,12 @@ past ``min(num_experts, e_cap)``); CTAs past the blocks used return at once.
 
 Per CTA: the block's ``tile_n x k / group`` scale slab is copied to shared memory once, then
 ``block_m x tile_k`` activation rows (gathered by route, padding rows skipped) and the
-``tile_n x tile_k / 2`` packed weights stream through a ``stages``-deep ``cp.async`` ring. The
-tensor-core operand is ``round_to_activation_dtype(int4 * s)`` (:mod:`._w4a16_dequant`), except
-on decode tiles with ``group % tile_k == 0``, where the exact int4 is the operand and each
-k-tile's fp32 partial sum takes its scale in fp32. Two k-loops, chosen by arch and params:
+``tile_n x tile_k / 2`` packed weights stream through a ``stages``-deep ``cp.async`` ring
+(decode tiles load their few activation rows into registers one k-tile ahead and store them
+k-paired for the cheaper dequant, see :mod:`._w4a16_mma`). The tensor-core operand is
+``round_to_activation_dtype(int4 * s)`` (:mod:`._w4a16_dequant`), except on decode tiles with
+``group % tile_k == 0``, where the exact int4 is the operand and each k-tile's fp32 partial sum
+takes its scale in fp32. Two k-loops, chosen by arch and params:
 
 - sm_90a tiles with ``tile_k == 64``, ``stages >= 3`` and whole m64 chunks per warpgroup:
   ``wgmma`` with the weights as the register operand (:mod:`._w4a16_wgmma`);
@@ -114,8 +116,9 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         self.qa, self.qw = tile_k // 8, tile_k // 32  # 16-byte chunks per A row / W row
         self.kt_count = k // tile_k
         self.ra = -(-block_m // max(cta_threads // self.qa, 1))  # activation rows per thread
-        # Decode blocks hold one or two real rows: their few activation copies can afford 4-byte
-        # granularity, which buys register-move-free MMA fragments. Bigger blocks copy 16 bytes.
+        # Decode blocks hold one or two real rows: their few activation pieces can afford a pass
+        # through registers, which pairs k's the way the cheapest weight dequant does and stores
+        # register-move-free MMA fragments. Bigger blocks copy 16 bytes straight to shared memory.
         self.interleave = block_m == 16
         # Decode blocks also skip the packed multiply by the scale: a k-tile inside one group
         # accumulates exact int4 products, then takes its scale once, in fp32, per output.
@@ -175,7 +178,9 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         tid, _, _ = cute.arch.thread_idx()
         blk, nt, _ = cute.arch.block_idx()
         bm = self.bm
-        routes, live, nblk = scratch_bounds(num_tokens, num_experts, topk=self.topk, block_m=bm, e_cap=self.e_cap)
+        routes, live, nblk = scratch_bounds(
+            num_tokens, num_experts, topk=self.topk, block_m=bm, e_cap=self.e_cap
+        )
         sc = self.tensor(scratch, HEADER_WORDS + nblk * (1 + bm))
         m_out = self.vectors(out, self.out_vec, routes * self.n // self.out_vec)
         if blk < sc[0]:
@@ -194,38 +199,45 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                         cute.autovec_copy(zero, m_out[None, col])
 
     @cute.jit
-    def issue(self, kt: Int32, slot: Int32, atom_a, g_a, s_a, a_src, g_w, s_w, w_src, tid: Int32):
-        """Start the ``cp.async`` copies of k-tile ``kt`` into ring slot ``slot``."""
+    def issue(self, kt: Int32, slot: Int32, atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, tid: Int32):
+        """Fill ring slot ``slot`` with k-tile ``kt``: ``cp.async`` copies, except the activations
+        of interleaved tiles, which ``staged`` holds (and then loads k-tile ``kt + 1`` into)."""
         qa, qw = self.qa, self.qw
-        rows_per_pass = self.threads // qa
-        q = tid % qa
-        units = self.tk // 4  # 16-byte units per (row g, row g + 8) pair of an m16 atom
-        for i in cutlass.range_constexpr(self.ra):
-            r = tid // qa + i * rows_per_pass
-            if a_src[i] >= 0:
-                src = a_src[i] + kt * (self.tk // 2)  # in 4-byte words
-                if cutlass.const_expr(self.interleave):
-                    # Words 4q..4q+3 of row r, each to its place in the row-interleaved layout.
-                    g, h = r % 8, (r % 16) // 8
-                    base = slot * (2 * self.bm * units) + (r // 16) * (32 * units) + g * (4 * units) + h
-                    for v in cutlass.range_constexpr(4):
-                        dst = base + (((2 * q + v // 2) ^ g) * 4) + (v % 2) * 2
-                        cute.copy(atom_a, g_a[None, src + v], s_a[None, dst])
-                else:
+        if cutlass.const_expr(self.interleave):
+            # Only warps over real rows take this branch: a decode block has one or two.
+            top = a_src[0]
+            for i in cutlass.range_constexpr(1, self.ra):
+                top = cutlass.max(top, a_src[i])
+            if cute.arch.vote_any_sync(top >= 0):
+                self.pair_rows(slot, staged, s_a, a_src, tid)
+                if kt + 1 < self.kt_count:
+                    self.stage_rows(kt + 1, staged, g_a, a_src)
+        else:
+            q = tid % qa
+            for i in cutlass.range_constexpr(self.ra):
+                r = tid // qa + i * (self.threads // qa)
+                if a_src[i] >= 0:
                     cute.copy(
-                        atom_a, g_a[None, src // 4], s_a[None, (slot * self.bm + r) * qa + (q ^ (r % 8))]
+                        atom_a,
+                        g_a[None, a_src[i] + kt * qa],
+                        s_a[None, (slot * self.bm + r) * qa + (q ^ (r % 8))],
                     )
-        total = self.tn * qw
+        # Weight copy i of this thread: chunk tid % qw of row tid // qw + i * rows. rows is a
+        # multiple of 8, so every copy has the same chunk and swizzle: one address pair per
+        # k-tile plus constant offsets.
+        total, rows = self.tn * qw, self.threads // qw
+        n0, qq = tid // qw, tid % qw
+        dst0 = s_w[
+            None, slot * total + (qq // 2) * (self.tn * 2) + n0 * 2 + ((qq % 2) ^ ((n0 // 4) % 2))
+        ].iterator.toint()
+        src0 = g_w[None, w_src + n0 * (self.k // 32) + kt * qw + qq].iterator.toint()
         for i in cutlass.range_constexpr(-(-total // self.threads)):
-            c = tid + i * self.threads
-            n_, qq = c // qw, c % qw
-            dst = slot * total + (qq // 2) * (self.tn * 2) + n_ * 2 + ((qq % 2) ^ ((n_ // 4) % 2))
-            src = g_w[None, w_src + n_ * (self.k // 32) + kt * qw + qq].iterator.toint()
+            dst, src = dst0 + i * rows * 32, src0 + i * rows * (self.k // 32) * 16
             if cutlass.const_expr(total % self.threads == 0):
-                cp_async_16_l2_256(s_w[None, dst].iterator.toint(), src)
+                cp_async_16_l2_256(dst, src)
             else:
-                if c < total:
-                    cp_async_16_l2_256(s_w[None, dst].iterator.toint(), src)
+                if tid + i * self.threads < total:
+                    cp_async_16_l2_256(dst, src)
 
     @cute.jit
     def gemm_block(
@@ -240,17 +252,16 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
 
         a_stage, w_stage = bm * tk * 2, tn * tk // 2
         base = cutlass.memory.SmemAllocator().allocate_array(Uint8, self.static.smem, byte_alignment=1024)
-        # Activations. Interleaved (block_m 16): 16-byte unit (g, p) of an m16 atom holds words
-        # 2p, 2p + 1 of rows g and g + 8 as [g:2p, g+8:2p, g:2p+1, g+8:2p+1], exactly an MMA A
-        # fragment, at unit p ^ g; filled by 4-byte cp.async, read by one ld.shared.v4 per MMA
-        # step. Otherwise plain rows of 16-byte chunks (chunk q at q ^ (row % 8)), filled by
+        # Activations. Interleaved (block_m 16): one MMA A fragment per 16-byte unit, k-paired
+        # (see pair_rows), stored from registers and read by one ld.shared.v4 per MMA step.
+        # Otherwise plain rows of 16-byte chunks (chunk q at q ^ (row % 8)), filled by
         # 16-byte cp.async and read by ldmatrix (conflict-free thanks to the swizzle).
         # Weights: per 64-wide k-chunk, 32 bytes per row n, its 16-byte halves swapped when
         # n & 4: eight consecutive rows' same halves then hit distinct banks.
         s_a32 = self.vectors(cute.recast_ptr(base, dtype=Uint32), 4, stages * bm * qa)
         s_a = s_a32
         if cutlass.const_expr(self.interleave):
-            s_a = self.vectors(cute.recast_ptr(base, dtype=Uint32), 1, stages * bm * tk // 2)
+            s_a = self.tensor(cute.recast_ptr(base, dtype=Uint32), stages * bm * tk // 2)
         w_base = base + stages * a_stage
         s_w = self.vectors(w_base, 16, stages * tn * qw)
         s_w32 = self.vectors(cute.recast_ptr(w_base, dtype=Uint32), 2, stages * tn * qw * 2)
@@ -268,9 +279,6 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             Uint32,
             num_bits_per_copy=128,
         )
-        if cutlass.const_expr(self.interleave):
-            g_a = self.vectors(cute.recast_ptr(a, dtype=Uint32), 1, words)
-            atom_a = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(), Uint32, num_bits_per_copy=32)
         g_w = self.vectors(w, 16, self.e_cap * self.n * k32)
         chunks = self.scale_chunks
         g_s = self.vectors(scales, 8, self.e_cap * self.n * chunks)
@@ -284,14 +292,17 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         # This thread's activation rows: gathered token offsets, and whether to load them at all.
         rows_per_pass = self.threads // qa
         ra = self.ra
-        a_src = cute.make_rmem_tensor((ra,), Int32)  # -1: no row to load
+        a_src = cute.make_rmem_tensor((ra,), Int32)  # 16-byte piece of k-tile 0; -1: no row to load
         for i in cutlass.range_constexpr(ra):
             r = tid // qa + i * rows_per_pass
             a_src[i] = -1
             if r < bm:
                 route = sc[rows + r]
                 if route >= 0:
-                    a_src[i] = (route // self.topk) * (self.k // 2) + (tid % qa) * 4
+                    a_src[i] = (route // self.topk) * (self.k // 8) + tid % qa
+        staged = cute.make_rmem_tensor((4, ra), Uint32)  # interleaved tiles' next activation pieces
+        if cutlass.const_expr(self.interleave):
+            self.stage_rows(Int32(0), staged, g_a, a_src)
         row0 = expert * self.n + nt * tn
         w_src = row0 * k32
 
@@ -301,7 +312,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 atom_s, g_s[None, row0 * chunks + i], s_s[None, (i // chunks) * (self.srow // 8) + i % chunks]
             )
         for s in cutlass.range_constexpr(stages - 1):
-            self.issue(Int32(s), Int32(s), atom_a, g_a, s_a, a_src, g_w, s_w, w_src, tid)
+            self.issue(Int32(s), Int32(s), atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, tid)
             cute.arch.cp_async_commit_group()
 
         if cutlass.const_expr(self.uses_wgmma()):
@@ -313,7 +324,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 base.toint(),
                 s_w32,
                 s_s16,
-                (atom_a, g_a, s_a, a_src, g_w, s_w, w_src),
+                (atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src),
                 tid,
             )
         else:
@@ -321,7 +332,9 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             # 16-byte chunk m // 2, swizzled by the row (whose low 3 bits are i). Step s reads chunk
             # 2s + m // 2: the address XOR (s << 5), as rows and the tile base are 128-byte aligned.
             a_row0 = (
-                base.toint() + (((lane // 8) % 2) * 8 + lane % 8) * (qa * 16) + (((lane // 16) ^ (lane % 8)) * 16)
+                base.toint()
+                + (((lane // 8) % 2) * 8 + lane % 8) * (qa * 16)
+                + (((lane // 16) ^ (lane % 8)) * 16)
             )
             self.mainloop_mma(
                 m_out,
@@ -329,7 +342,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 rows,
                 nt,
                 (a_row0, s_a32, s_w32, s_s16, s_se, mma),
-                (atom_a, g_a, s_a, a_src, g_w, s_w, w_src),
+                (atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src),
                 tid,
             )
 
