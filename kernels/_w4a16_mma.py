@@ -73,8 +73,8 @@ class MmaSyncMainloop:
     @cute.jit
     def stage_rows(self, kt: Int32, staged, g_a, a_src):
         """Load this thread's 16-byte pieces of k-tile ``kt``'s activation rows into ``staged``
-        (interleaved tiles: :meth:`pair_rows` stores them one k-tile later, so the load's
-        latency hides behind a k-tile of MMAs)."""
+        (interleaved tiles: :meth:`pair_rows` stores them one k-tile later, so in the k-loop the
+        load's latency hides behind a k-tile of MMAs; the prologue waits for its two)."""
         for i in cutlass.range_constexpr(self.ra):
             if a_src[i] >= 0:
                 cute.autovec_copy(g_a[None, a_src[i] + kt * self.qa], staged[None, i])

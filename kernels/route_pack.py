@@ -36,6 +36,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint32
 
+from b12x_aot.loader._expr import cdiv
+
 from ._base import AotKernel
 
 __all__ = ["HEADER_WORDS", "RoutePack", "max_blocks", "scratch_bounds", "scratch_words"]
@@ -46,7 +48,7 @@ HEADER_WORDS = 4
 def max_blocks(num_tokens: int, topk: int, block_m: int, e_cap: int) -> int:
     """Blocks that route packing may use for ``num_tokens`` tokens: the GEMM's grid bound."""
     routes = max(num_tokens, 0) * topk
-    return -(-routes // block_m) + min(routes, e_cap + 1)
+    return cdiv(routes, block_m) + min(routes, e_cap + 1)
 
 
 def scratch_words(num_tokens: int, topk: int, block_m: int, e_cap: int) -> int:
@@ -59,7 +61,7 @@ def scratch_bounds(num_tokens: Int32, num_experts: Int32, *, topk: int, block_m:
     ``R``, the resident experts ``min(num_experts, e_cap)`` (both clamped at 0) and ``B``."""
     routes = cutlass.max(num_tokens, Int32(0)) * topk
     live = cutlass.min(cutlass.max(num_experts, Int32(0)), Int32(e_cap))
-    bound = (routes + block_m - 1) // block_m + cutlass.min(routes, Int32(e_cap + 1))
+    bound = cdiv(routes, block_m) + cutlass.min(routes, Int32(e_cap + 1))
     return routes, live, bound
 
 
@@ -72,8 +74,8 @@ class RoutePack(AotKernel):
         self.cta_threads = cta_threads
         self.warps = cta_threads // 32
         self.buckets = e_cap + 1  # experts, then the zero bucket
-        self.per_lane = -(-self.buckets // 32)
-        self.row_words = -(-self.buckets // 4) * 4  # rows padded to 16 bytes
+        self.per_lane = cdiv(self.buckets, 32)
+        self.row_words = cdiv(self.buckets, 4) * 4  # rows padded to 16 bytes
         need = 4 * (self.warps + 2) * self.row_words
         if cta_threads % 32 or self.static.smem < need:
             raise ValueError(

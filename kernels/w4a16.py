@@ -38,6 +38,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint8, Uint16, Uint32
 
+from b12x_aot.loader._expr import cdiv
+
 from ._base import AotKernel, dsl_dtype
 from ._ptx import cp_async_16_l2_256
 from ._w4a16_dequant import DTYPES
@@ -115,8 +117,8 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         self.na, self.ma = self.nw // 8, block_m // 16  # n8 / m16 atoms per warp
         self.qa, self.qw = tile_k // 8, tile_k // 32  # 16-byte chunks per A row / W row
         self.kt_count = k // tile_k
-        self.ra = -(-block_m // max(cta_threads // self.qa, 1))  # activation rows per thread
-        # Decode blocks hold one or two real rows: their few activation pieces can afford a pass
+        self.ra = cdiv(block_m, max(cta_threads // self.qa, 1))  # activation rows per thread
+        # Decode blocks mostly hold one or two real rows: their few activation pieces can afford a pass
         # through registers, which pairs k's the way the cheapest weight dequant does and stores
         # register-move-free MMA fragments. Bigger blocks copy 16 bytes straight to shared memory.
         self.interleave = block_m == 16
@@ -133,6 +135,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             (block_m % 16, "block_m % 16 == 0"),
             (group % 16 or (k // group) % 8, "group % 16 == 0 and (k // group) % 8 == 0"),
             (cta_threads % self.qa, "cta_threads % (tile_k // 8) == 0"),
+            (cta_threads // max(self.qw, 1) % 8, "cta_threads // (tile_k // 32) % 8 == 0"),  # see issue()
             (self.kt_count < stages or stages < 2, "2 <= stages <= k // tile_k"),
         ]
         bad = [rule for failed, rule in problems if failed]
@@ -204,7 +207,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         of interleaved tiles, which ``staged`` holds (and then loads k-tile ``kt + 1`` into)."""
         qa, qw = self.qa, self.qw
         if cutlass.const_expr(self.interleave):
-            # Only warps over real rows take this branch: a decode block has one or two.
+            # Only warps over real rows take this branch: decode blocks mostly hold one or two.
             top = a_src[0]
             for i in cutlass.range_constexpr(1, self.ra):
                 top = cutlass.max(top, a_src[i])
@@ -222,8 +225,8 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                         g_a[None, a_src[i] + kt * qa],
                         s_a[None, (slot * self.bm + r) * qa + (q ^ (r % 8))],
                     )
-        # Weight copy i of this thread: chunk tid % qw of row tid // qw + i * rows. rows is a
-        # multiple of 8, so every copy has the same chunk and swizzle: one address pair per
+        # Weight copy i of this thread: 16-byte piece tid % qw of row tid // qw + i * rows. rows
+        # is a multiple of 8, so every copy has the same piece and swizzle: one address pair per
         # k-tile plus constant offsets.
         total, rows = self.tn * qw, self.threads // qw
         n0, qq = tid // qw, tid % qw
@@ -231,7 +234,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             None, slot * total + (qq // 2) * (self.tn * 2) + n0 * 2 + ((qq % 2) ^ ((n0 // 4) % 2))
         ].iterator.toint()
         src0 = g_w[None, w_src + n0 * (self.k // 32) + kt * qw + qq].iterator.toint()
-        for i in cutlass.range_constexpr(-(-total // self.threads)):
+        for i in cutlass.range_constexpr(cdiv(total, self.threads)):
             dst, src = dst0 + i * rows * 32, src0 + i * rows * (self.k // 32) * 16
             if cutlass.const_expr(total % self.threads == 0):
                 cp_async_16_l2_256(dst, src)
@@ -272,8 +275,8 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         s_s16 = self.tensor(cute.recast_ptr(s_base, dtype=Uint16), tn * self.srow)
         s_se = self.tensor(cute.recast_ptr(s_base, dtype=elem), tn * self.srow)
 
-        words = cutlass.max(num_tokens, Int32(1)) * (self.k // 2)
-        g_a = self.vectors(cute.recast_ptr(a, dtype=Uint32), 4, words // 4)
+        pieces = cutlass.max(num_tokens, Int32(1)) * (self.k // 8)  # 16-byte pieces of a
+        g_a = self.vectors(cute.recast_ptr(a, dtype=Uint32), 4, pieces)
         atom_a = cute.make_copy_atom(
             cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL),
             Uint32,
