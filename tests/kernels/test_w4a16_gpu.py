@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 
 from ..conftest import family_variants
-from .reference import TORCH_DTYPES, same_bits
-from .w4a16_reference import moe_w4a16, random_weights, route_pack, scratch_words, unpack_scratch
+from .reference import same_bits
+from .w4a16_cases import MAX_ROWS, Case, experts_for, prepared, route_ids, route_pack_for
+from .w4a16_reference import route_pack, scratch_words, unpack_scratch
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
-ROWS = (1, 3, 7, 64, 4096)
-MAX_ROWS = max(ROWS)
+ROWS = (1, 3, 7, 64, MAX_ROWS)
 TOL = {"fp32": 1e-4, "bf16": 1e-2, "fp16": 1e-2}  # relative Frobenius error vs fp64
 
 
@@ -23,88 +21,11 @@ def _exact_operands(p: dict) -> bool:
     return p["block_m"] == 16 and p["group"] % p["tile_k"] == 0
 
 
-def _experts(p: dict) -> int:
-    return min(16, p["e_cap"])
-
-
-def _route_pack_for(registry, arch: str, p: dict):
-    """A prepared moe.route_pack variant whose scratch layout matches the GEMM's params."""
-    for e in family_variants(registry, "moe.route_pack", arch):
-        q = e.params
-        if (q["topk"], q["block_m"], q["e_cap"]) == (p["topk"], p["block_m"], p["e_cap"]):
-            return registry.kernel(e.family, e.abi, **q).prepare()
-    pytest.skip(f"no moe.route_pack variant for topk={p['topk']} block_m={p['block_m']} e_cap={p['e_cap']}")
-
-
-def _ids(m: int, topk: int, experts: int, gen, invalid_fraction: float = 0.2) -> torch.Tensor:
-    ids = torch.randint(0, experts, (m, topk), device="cuda", generator=gen, dtype=torch.int32)
-    bad = torch.tensor((-1, experts, 2**30), device="cuda", dtype=torch.int32)
-    pick = torch.randint(0, 3, (m, topk), device="cuda", generator=gen)
-    invalid = torch.rand(m, topk, device="cuda", generator=gen) < invalid_fraction
-    return torch.where(invalid, bad[pick], ids)
-
-
-class Case:
-    """Inputs, scratch and output of one (variant, m) launch pair; the output starts as NaN."""
-
-    def __init__(self, p: dict, m: int, gen, *, weights=None, invalid_fraction: float = 0.2):
-        self.p, self.m = p, m
-        self.experts = _experts(p)
-        element = TORCH_DTYPES[p["element"]]
-        self.a = torch.randn(m, p["k"], device="cuda", generator=gen).to(element)
-        self.ids = _ids(m, p["topk"], self.experts, gen, invalid_fraction)
-        self.w, self.s = weights or random_weights(
-            self.experts, p["n"], p["k"], p["group"], element, device="cuda", generator=gen
-        )
-        words = scratch_words(MAX_ROWS, p["topk"], p["block_m"], p["e_cap"])
-        self.scratch = torch.full((words,), -(2**31), device="cuda", dtype=torch.int32)
-        self.out = torch.full(
-            (m, p["topk"], p["n"]), float("nan"), device="cuda", dtype=TORCH_DTYPES[p["output"]]
-        )
-
-    def twin(self) -> Case:
-        """The same inputs (weights shared), with its own scratch and a NaN output."""
-        other = copy.copy(self)
-        other.a, other.ids = self.a.clone(), self.ids.clone()
-        other.scratch = torch.full_like(self.scratch, -(2**31))
-        other.out = torch.full_like(self.out, float("nan"))
-        return other
-
-    def inputs(self) -> dict:
-        return {"a": self.a, "route_ids": self.ids, "w": self.w, "scales": self.s}
-
-    def launch(self, pack, gemm, *, checked: bool = True) -> None:
-        call_pack, call_gemm = (pack.checked, gemm.checked) if checked else (pack, gemm)
-        call_pack(self.scratch, self.ids, self.m, self.experts)
-        call_gemm(self.out, self.a, self.w, self.s, self.scratch, self.m, self.experts)
-
-    def reference(self, *, rounded: bool) -> torch.Tensor:
-        p = self.p
-        return moe_w4a16(
-            self.a.double(),
-            self.ids,
-            self.w,
-            self.s,
-            group=p["group"],
-            num_experts=self.experts,
-            e_cap=p["e_cap"],
-            acc_dtype=torch.float64,
-            rounded=rounded,
-        )
-
-    def invalid(self) -> torch.Tensor:
-        return (self.ids < 0) | (self.ids >= self.experts)
-
-
-def _prepared(registry, entry):
-    return registry.kernel(entry.family, entry.abi, **entry.params).prepare()
-
-
 def test_route_pack_matches_reference_exactly(gpu_registry, device_arch: str) -> None:
     gen = torch.Generator(device="cuda").manual_seed(7)
     for entry in family_variants(gpu_registry, "moe.route_pack", device_arch):
         p = dict(entry.params)
-        pack = _prepared(gpu_registry, entry)
+        pack = prepared(gpu_registry, entry)
         scratch = torch.full(
             (scratch_words(MAX_ROWS, p["topk"], p["block_m"], p["e_cap"]),),
             -5,
@@ -112,8 +33,8 @@ def test_route_pack_matches_reference_exactly(gpu_registry, device_arch: str) ->
             dtype=torch.int32,
         )
         for m in (0, *ROWS):
-            experts = _experts(p) if m % 2 else p["e_cap"]
-            ids = _ids(max(m, 1), p["topk"], experts, gen)[:m]
+            experts = experts_for(p) if m % 2 else p["e_cap"]
+            ids = route_ids(max(m, 1), p["topk"], experts, gen)[:m]
             before = ids.clone()
             pack.checked(scratch, ids, m, experts)
             torch.cuda.synchronize()
@@ -130,7 +51,7 @@ def test_every_variant_matches_reference(gpu_registry, device_arch: str) -> None
     gen = torch.Generator(device="cuda").manual_seed(1234)
     for entry in family_variants(gpu_registry, "moe.w4a16", device_arch):
         p = dict(entry.params)
-        gemm, pack = _prepared(gpu_registry, entry), _route_pack_for(gpu_registry, device_arch, p)
+        gemm, pack = prepared(gpu_registry, entry), route_pack_for(gpu_registry, device_arch, p)
         weights = None
         for m in ROWS:
             case = Case(p, m, gen, weights=weights)
@@ -157,7 +78,7 @@ def test_invalid_ids_give_exact_zero_rows_and_read_no_weights(gpu_registry, devi
     gen = torch.Generator(device="cuda").manual_seed(5)
     entry = family_variants(gpu_registry, "moe.w4a16", device_arch)[0]
     p = dict(entry.params)
-    gemm, pack = _prepared(gpu_registry, entry), _route_pack_for(gpu_registry, device_arch, p)
+    gemm, pack = prepared(gpu_registry, entry), route_pack_for(gpu_registry, device_arch, p)
     case = Case(p, 64, gen, invalid_fraction=1.0)
     assert set(case.ids.unique().tolist()) <= {-1, case.experts, 2**30}  # every route invalid
     case.w.fill_(0x88)  # if any weight were read the rows would be far from zero; they are NaN-free anyway
@@ -172,7 +93,7 @@ def test_graph_replay_with_new_inputs_equals_eager(gpu_registry, device_arch: st
     entries = family_variants(gpu_registry, "moe.w4a16", device_arch)
     for entry in entries[:: max(1, len(entries) // 6)]:
         p = dict(entry.params)
-        gemm, pack = _prepared(gpu_registry, entry), _route_pack_for(gpu_registry, device_arch, p)
+        gemm, pack = prepared(gpu_registry, entry), route_pack_for(gpu_registry, device_arch, p)
         m = 64
         static = Case(p, m, gen)
         loads = gpu_registry.stats.loads
@@ -211,12 +132,12 @@ def test_variants_differing_only_in_cta_threads_are_bit_identical(gpu_registry, 
     for group in groups:
         (t0, base), others = group[0], group[1:]
         p = dict(base.params)
-        pack = _route_pack_for(gpu_registry, device_arch, p)
+        pack = route_pack_for(gpu_registry, device_arch, p)
         for m in (3, 64, 4096):
             one = Case(p, m, gen)
-            one.launch(pack, _prepared(gpu_registry, base))
+            one.launch(pack, prepared(gpu_registry, base))
             for t, entry in others:
                 two = one.twin()
-                two.launch(pack, _prepared(gpu_registry, entry))
+                two.launch(pack, prepared(gpu_registry, entry))
                 torch.cuda.synchronize()
                 assert same_bits(one.out, two.out), f"{t0} vs {t} threads differ: {p} m={m}"

@@ -7,7 +7,7 @@ import pytest
 from ..conftest import family_variants
 from .jit import jit_launcher
 from .reference import same_bits
-from .test_w4a16_gpu import Case, _prepared, _route_pack_for
+from .w4a16_cases import Case, prepared, route_pack_for
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("cutlass")
@@ -21,8 +21,8 @@ def test_aot_equals_jit(gpu_registry, device_arch) -> None:
     gen = torch.Generator(device="cuda").manual_seed(31)
     for entry in family_variants(gpu_registry, "moe.w4a16", device_arch):
         p = dict(entry.params)
-        gemm = _prepared(gpu_registry, entry)
-        pack = _route_pack_for(gpu_registry, device_arch, p)
+        gemm = prepared(gpu_registry, entry)
+        pack = route_pack_for(gpu_registry, device_arch, p)
         aot = Case(p, 37, gen)
         aot.launch(pack, gemm)
         jit = aot.twin()
