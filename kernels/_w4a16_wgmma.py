@@ -48,11 +48,8 @@ class WgmmaMainloop:
         same order whatever the CTA size, so ``cta_threads`` never changes a result bit.
         """
         bm, tn = self.bm, self.tn
-        wgs = self.threads // 128
-        chunks = tn // 64 // wgs
-        wg, v = tid // 128, (tid // 32) % 4
-        lane = tid % 32
-        g, c = lane // 4, lane % 4
+        wgs, chunks, wg, v, g = self.warpgroup_coords(tid)
+        c = tid % 4
         sel = Uint32(pair_selector(c))
         acc = cute.make_rmem_tensor((bm // 2, chunks), Float32)
         acc.fill(0.0)
@@ -73,6 +70,12 @@ class WgmmaMainloop:
                         for rr in cutlass.range_constexpr(2):
                             flat[route * self.n + col + 8 * rr] = acc[4 * i + 2 * rr + e, ci].to(self.output)
 
+    def warpgroup_coords(self, tid: Int32):
+        """Warpgroups per CTA, m64 chunks per warpgroup, and this thread's warpgroup ``wg``, warp
+        ``v`` in it and MMA row group ``g`` (lane // 4)."""
+        wgs = self.threads // 128
+        return wgs, self.tn // 64 // wgs, tid // 128, (tid // 32) % 4, tid % 32 // 4
+
     @cute.jit
     def kloop_fitting(self, acc, state, sc, rows: Int32, widths: cutlass.Constexpr[tuple]):
         """The k-loop of the narrowest of ``widths`` (widest first) that holds every real row of
@@ -91,10 +94,7 @@ class WgmmaMainloop:
         """The k-loop: wgmmas of ``n`` block rows (the first ``n // 2`` accumulators per chunk)."""
         a_base, s_w128, s_s16, copies, tid, sel = state
         bm, tn, stages = self.bm, self.tn, self.stages
-        wgs = self.threads // 128
-        chunks = tn // 64 // wgs
-        wg, v = tid // 128, (tid // 32) % 4
-        g = tid % 32 // 4
+        wgs, chunks, wg, v, g = self.warpgroup_coords(tid)
         # Shared-memory matrix descriptor: 128-byte swizzle, 1024 bytes between 8-row groups.
         desc_hi = Int64((1 << 62) | ((1024 >> 4) << 32) | (1 << 16))
         ab = "bf16" if self.element is cutlass.BFloat16 else "f16"

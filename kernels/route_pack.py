@@ -22,10 +22,10 @@ The required scratch is ``scratch_words(max_tokens, topk, block_m, e_cap)`` i32 
 past the used blocks are left untouched.
 
 One CTA does it all, in two passes over ``route_ids`` around a scan: each warp owns a
-contiguous segment of routes and counts them per bucket into its own shared histogram row (``match.any`` groups the
-equal buckets of 32 routes, so no atomics are needed and order is kept); a scan over warps and
-buckets turns counts into each (warp, bucket) cursor; each warp then rescans its segment and
-scatters route indices. That is ``O(R / warps + e_cap)`` steps per thread, about ten
+contiguous segment of routes and counts them per bucket into its own shared histogram row
+(``match.any`` groups the equal buckets of 32 routes, so no atomics are needed and order is
+kept); a scan over warps and buckets turns counts into each (warp, bucket) cursor; each warp then
+rescans its segment and scatters route indices. That is ``O(R / warps + e_cap)`` steps per thread, about ten
 microseconds at ``R = 4096 * 8`` and one launch latency at decode sizes.
 """
 

@@ -118,9 +118,10 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         self.qa, self.qw = tile_k // 8, tile_k // 32  # 16-byte chunks per A row / W row
         self.kt_count = k // tile_k
         self.ra = cdiv(block_m, max(cta_threads // self.qa, 1))  # activation rows per thread
-        # Decode blocks mostly hold one or two real rows: their few activation pieces can afford a pass
-        # through registers, which pairs k's the way the cheapest weight dequant does and stores
-        # register-move-free MMA fragments. Bigger blocks copy 16 bytes straight to shared memory.
+        # Decode blocks mostly hold one or two real rows: their few activation pieces can afford
+        # a pass through registers, which pairs k's the way the cheapest weight dequant does and
+        # stores register-move-free MMA fragments. Bigger blocks copy 16 bytes straight to
+        # shared memory.
         self.interleave = block_m == 16
         # Decode blocks also skip the packed multiply by the scale: a k-tile inside one group
         # accumulates exact int4 products, then takes its scale once, in fp32, per output.
