@@ -37,12 +37,15 @@ from b12x_aot.loader import Registry
 from _timing import copy_gbps, device_ms, emit
 
 TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-HEADER = 4
+HEADER_WORDS = 4  # of moe.route_pack's scratch, before the block map
 
 
-def scratch_words(tokens: int, topk: int, block_m: int, e_cap: int) -> int:
-    routes = tokens * topk
-    return HEADER + (-(-routes // block_m) + min(routes, e_cap + 1)) * (1 + block_m)
+def scratch_words(entry, tokens: int, experts: int) -> int:
+    """Scratch words for ``tokens`` tokens: the header, and per block of the GEMM's own registered
+    grid (x = blocks) its expert and its ``block_m`` rows."""
+    p = entry.params
+    blocks = entry.geometry.grid_of({**p, "num_tokens": tokens, "num_experts": experts})[0]
+    return HEADER_WORDS + blocks * (1 + p["block_m"])
 
 
 def resources(path: str) -> dict[str, dict]:
@@ -92,13 +95,18 @@ class Bench:
         self.baselines: dict[tuple, dict] = {}
         self.packs: dict[tuple, object] = {}
 
-    def route_pack(self, p: dict):
+    def route_pack(self, entry):
         """The prepared moe.route_pack variant whose scratch layout matches the GEMM's params."""
+        p = entry.params
         want = (p["topk"], p["block_m"], p["e_cap"])
         if want not in self.packs:
             for e in self.registry.entries():
                 q = e.params
-                if e.family == "moe.route_pack" and (q["topk"], q["block_m"], q["e_cap"]) == want:
+                if (
+                    e.family == "moe.route_pack"
+                    and e.arch == entry.arch
+                    and (q["topk"], q["block_m"], q["e_cap"]) == want
+                ):
                     self.packs[want] = self.registry.kernel(e.family, e.abi, **q).prepare()
                     break
             else:
@@ -108,6 +116,7 @@ class Bench:
     def weights_for(self, p: dict, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
         problem = (p["element"], experts, p["n"], p["k"], p["group"])
         if problem not in self.weights:
+            self.weights.clear()  # before allocating the next problem's: they are large
             gen = seeded(experts, p["n"], p["k"], p["group"])
             w = torch.randint(
                 0, 256, (experts, p["n"], p["k"] // 2), device="cuda", dtype=torch.uint8, generator=gen
@@ -121,50 +130,48 @@ class Bench:
     def run(self, entry) -> dict:
         p, a = dict(entry.params), self.args
         gemm = self.registry.kernel(entry.family, entry.abi, **p).prepare()
-        pack = self.route_pack(p)
+        pack = self.route_pack(entry)
         experts = min(a.experts, p["e_cap"])
         w, s = self.weights_for(p, experts)
         result = {"params": p}
         for phase, tokens in (("decode", a.decode_tokens), ("prefill", a.prefill_tokens)):
-            result[phase] = self.phase(phase, gemm, pack, p, w, s, experts, tokens)
+            result[phase] = self.phase(phase, entry, gemm, pack, w, s, experts, tokens)
         return result
 
-    def phase(self, phase: str, gemm, pack, p: dict, w, s, experts: int, tokens: int) -> dict:
+    def phase(self, phase: str, entry, gemm, pack, w, s, experts: int, tokens: int) -> dict:
         """Time route packing and the GEMM for ``tokens`` tokens; prefill also times torch."""
+        p = dict(entry.params)
         iters, elem = self.args.iters, TORCH[p["element"]]
         gen = seeded(tokens, p["topk"], experts, p["k"])
         x = torch.randn(tokens, p["k"], device="cuda", generator=gen).to(elem)
         ids = routes(tokens, p["topk"], experts, gen)
-        words = scratch_words(tokens, p["topk"], p["block_m"], p["e_cap"])
+        words = scratch_words(entry, tokens, experts)
         scratch = torch.empty(words, device="cuda", dtype=torch.int32)
         out = torch.empty(tokens, p["topk"], p["n"], device="cuda", dtype=TORCH[p["output"]])
         pack.checked(scratch, ids, tokens, experts)
         gemm.checked(out, x, w, s, scratch, tokens, experts)
         torch.cuda.synchronize()
-        t_pack = timed(lambda: pack(scratch, ids, tokens, experts), iters)
         touched = int(torch.unique(ids).numel())
+        result = {
+            "tokens": tokens,
+            "experts_touched": touched,
+            "route_pack_s": timed(lambda: pack(scratch, ids, tokens, experts), iters),
+        }
+
+        def launch() -> None:
+            gemm(out, x, w, s, scratch, tokens, experts)
+
         if phase == "prefill":
             problem = (p["element"], p["n"], p["k"], p["group"], p["topk"], experts, tokens)
             if problem not in self.baselines:
-                self.baselines = {problem: self.torch_baseline(x, ids, w, s, p)}
-            return self.versus_torch(
-                lambda: gemm(out, x, w, s, scratch, tokens, experts),
-                self.baselines[problem],
-                tokens,
-                touched,
-                t_pack,
-            )
-        t_gemm = timed(lambda: gemm(out, x, w, s, scratch, tokens, experts), iters, before=self.flush.sum)
+                self.baselines.clear()  # before building the next problem's: they are large
+                self.baselines[problem] = self.torch_baseline(x, ids, w, s, p)
+            return result | self.versus_torch(launch, self.baselines[problem])
+        t_gemm = timed(launch, iters, before=self.flush.sum)
         weight_bytes = touched * p["n"] * (p["k"] // 2 + p["k"] // p["group"] * s.element_size())
-        return {
-            "tokens": tokens,
-            "experts_touched": touched,
-            "route_pack_s": t_pack,
-            "gemm_s": t_gemm,
-            "weight_bytes_per_s": weight_bytes / t_gemm,
-        }
+        return result | {"gemm_s": t_gemm, "weight_bytes_per_s": weight_bytes / t_gemm}
 
-    def versus_torch(self, gemm, baseline: dict, tokens: int, touched: int, t_pack: float) -> dict:
+    def versus_torch(self, gemm, baseline: dict) -> dict:
         """The GEMM, torch eager and torch's graph replay, timed in turn for ``--rounds`` rounds."""
         iters = self.args.iters
         rounds = {"gemm_s": [], "torch_eager_s": [], "torch_graph_s": [], "ratio": []}
@@ -177,9 +184,6 @@ class Bench:
             rounds["ratio"].append(min(eager, graph) / mine)
         median = {key: statistics.median(values) for key, values in rounds.items()}
         return {
-            "tokens": tokens,
-            "experts_touched": touched,
-            "route_pack_s": t_pack,
             "gemm_s": median["gemm_s"],
             "torch_eager_s": median["torch_eager_s"],
             "torch_graph_s": median["torch_graph_s"],
@@ -218,8 +222,9 @@ class Bench:
 
 
 def problem_of(params) -> tuple:
-    """What the data, routes and torch's work depend on (the rest is tiling)."""
-    return tuple(params[k] for k in ("element", "output", "topk", "n", "k", "group", "e_cap"))
+    """What the data, routes and torch's work depend on (the rest is tiling), in the order that
+    keeps each cached weight set and torch baseline in use longest: ``output`` changes neither."""
+    return tuple(params[k] for k in ("element", "e_cap", "n", "k", "group", "topk", "output"))
 
 
 def positive(text: str) -> int:
@@ -241,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         help="only variants with this param value",
     )
     ap.add_argument(
-        "--experts", type=int, default=256, help="resident experts (capped at each variant's e_cap)"
+        "--experts", type=positive, default=256, help="resident experts (capped at each variant's e_cap)"
     )
     ap.add_argument("--decode-tokens", type=int, default=16)
     ap.add_argument("--prefill-tokens", type=int, default=4096)
