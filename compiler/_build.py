@@ -39,11 +39,14 @@ class BuildSummary:
     def record(self) -> dict[str, Any]:
         """What the registry keeps of the build: :meth:`to_json` with rejections counted, not
         listed, and only the failures this build made (recorded ones are already stored)."""
-        out = self.to_json()
-        del out["build_id"], out["ok"]
-        out["rejected"] = len(self.rejected)
-        out["failed"] = [f for f in self.failed if not f["previous_build"]]
-        return out
+        return {
+            "planned": self.planned,
+            "built": self.built,
+            "unchanged": self.unchanged,
+            "failed": [f for f in self.failed if not f["previous_build"]],
+            "rejected": len(self.rejected),
+            "seconds": round(self.seconds, 3),
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, func, null, select
 
-from ..compiler._variants import variant_label
+from b12x_aot.compiler._variants import variant_label
+
 from ._schema import Build, CurrentVariant, Failure, KernelRow, Source, SpecRow, Variant
 from ._schema import Toolchain as ToolchainRow
 from .errors import NoSuchVariant
@@ -124,7 +125,20 @@ class FailureRow:
 
     def to_json(self) -> dict[str, Any]:
         """Everything but the log, which ``failures --log`` prints on its own."""
-        return {name: getattr(self, name) for name in self.__slots__ if name != "log"}  # type: ignore[attr-defined]
+        return _fields_json(self, exclude=("log",))
+
+
+def _fields_json(record: Any, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A record's fields as a JSON-ready dict (its values are already JSON types)."""
+    return {f.name: getattr(record, f.name) for f in fields(record) if f.name not in exclude}
+
+
+def _key_prefix(text: str) -> str:
+    """A user's key or key prefix, normalised; too short a prefix is an error."""
+    prefix = text.strip().lower()
+    if len(prefix) < 4:
+        raise NoSuchVariant(f"key prefix {prefix!r} is too short; give at least 4 hex digits")
+    return prefix
 
 
 def failure_rows(conn: Connection, *, key_prefix: str | None = None) -> list[FailureRow]:
@@ -142,7 +156,7 @@ def failure_rows(conn: Connection, *, key_prefix: str | None = None) -> list[Fai
         Failure.log if key_prefix is not None else null(),
     ).where(Failure.id.in_(_latest_failure_ids()))
     if key_prefix is not None:
-        query = query.where(Failure.key.startswith(key_prefix, autoescape=True))
+        query = query.where(Failure.key.startswith(_key_prefix(key_prefix), autoescape=True))
     rows = conn.execute(query.order_by(Failure.family, Failure.key))
     return [FailureRow(r[0], r[1], r[2], json.loads(r[3]), *r[4:]) for r in rows]
 
@@ -182,7 +196,7 @@ class VariantRow:
         return variant_label(self.family, self.params, self.arch)
 
     def to_json(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+        return _fields_json(self)
 
 
 def _variant_query() -> Any:
@@ -271,13 +285,11 @@ def variant_rows(conn: Connection, *, as_of_build: int | None = None) -> list[Va
 
 def find_variant(conn: Connection, key_or_prefix: str) -> VariantRow:
     """The current variant whose key is, or starts with, ``key_or_prefix``."""
-    prefix = key_or_prefix.strip().lower()
-    if len(prefix) < 4:
-        raise NoSuchVariant(f"key prefix {prefix!r} is too short; give at least 4 hex digits")
+    prefix = _key_prefix(key_or_prefix)
     query = (
         _variant_query()
         .join(CurrentVariant, CurrentVariant.variant_id == Variant.id)
-        .where(CurrentVariant.key.like(prefix + "%"))
+        .where(CurrentVariant.key.startswith(prefix, autoescape=True))
         .limit(6)
     )
     rows = [_row(r) for r in conn.execute(query)]

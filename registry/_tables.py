@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..compiler._variants import params_text
+from b12x_aot.compiler._variants import params_text
+
 from ._audit import Change, DiffReport, Fault, StaleVariant
 from ._queries import FailureRow, VariantRow
 
@@ -131,15 +132,11 @@ def print_diff(
 
 def print_builds(rows: Sequence[dict[str, Any]]) -> None:
     t = Table(title="builds")
-    for col in ("id", "started_at", "status", "user", "host", "shard", "command"):
+    cols = ("id", "started_at", "status", "user", "host", "shard", "command")
+    for col in cols:
         t.add_column(col, overflow="fold")
     for b in rows:
-        t.add_row(
-            *(
-                Text(str(b[c] if b[c] is not None else ""))
-                for c in ("id", "started_at", "status", "user", "host", "shard", "command")
-            )
-        )
+        t.add_row(*(Text(str(b[c] if b[c] is not None else "")) for c in cols))
     Console().print(t)
 
 
