@@ -237,17 +237,11 @@ def family_variants(registry, family: str, arch: str) -> list:
 
 
 def checked_cubin(index: Any, entry: Any) -> Any:
-    """``entry``'s cubin, inspected (``CubinInfo``), after checking its SM against the arch and
-    its kernel's parameter table against the spec's args (ordinal, offset, size)."""
-    from b12x_aot.compiler._arch import ARCHS
+    """``entry``'s stored cubin, inspected (``CubinInfo``), after the build's own launch-contract
+    check runs again on it (SM, parameter table, alignment, threads, shared memory)."""
+    from b12x_aot.compiler._contract import check_contract
     from b12x_aot.compiler._cubin import inspect_cubin
-    from b12x_aot.loader import ParamLayout
 
     info = inspect_cubin(index.read_artifact(entry))
-    assert info.sm == ARCHS[entry.arch].sm, entry.arch
-    kernel = info.kernel(entry.symbol)
-    layout = ParamLayout.of(entry.args)
-    assert [(p.ordinal, p.offset, p.size) for p in kernel.params] == [
-        (i, o, size) for i, (o, size) in enumerate(zip(layout.offsets, layout.sizes, strict=True))
-    ], entry.key
+    check_contract(info, entry.symbol, entry.arch, entry.args, entry.static)
     return info

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from b12x_aot.compiler._arch import ARCHS
+from b12x_aot.compiler._plan import in_shard
 from b12x_aot.compiler._spec import load_spec
 from b12x_aot.compiler._variants import expand
 from b12x_aot.loader._index import RegistryIndex
@@ -119,29 +120,20 @@ def test_spec_smem_and_grid_agree_with_the_kernel_modules() -> None:
     from ..kernels.w4a16_reference import max_blocks as ref_blocks
     from ..kernels.w4a16_reference import scratch_words as ref_words
 
-    bundled = load_spec(W4A16)
+    def contract(spec):
+        return spec.kernel, spec.args, spec.geometry.to_json(), spec.limits
+
+    spec = load_spec(W4A16)
     for path in (W4A16, FULL, TILES):
-        spec = load_spec(path)
+        other = load_spec(path)
         # The scale-test and benchmark specs copy the bundled contract; it must not drift.
-        assert (spec.kernel, spec.args, spec.geometry.to_json(), spec.limits) == (
-            bundled.kernel,
-            bundled.args,
-            bundled.geometry.to_json(),
-            bundled.limits,
-        ), path
-        accepted, _ = expand(spec, archs=["sm_90a"])
+        assert contract(other) == contract(spec), path
+        accepted, _ = expand(other, archs=["sm_90a"])
         for v in accepted:
-            static = spec.geometry.bind_static(v.params)
+            static = other.geometry.bind_static(v.params)
             p = {k: v.params[k] for k in ("element", "k", "group", "block_m", "tile_n", "tile_k", "stages")}
             assert static.smem == smem_bytes(**p), v.label
-    pack, pack_tiles = load_spec(ROUTE_PACK), load_spec(PACK_TILES)
-    assert (pack.kernel, pack.args, pack.geometry.to_json(), pack.limits) == (
-        pack_tiles.kernel,
-        pack_tiles.args,
-        pack_tiles.geometry.to_json(),
-        pack_tiles.limits,
-    )
-    spec = bundled
+    assert contract(load_spec(PACK_TILES)) == contract(load_spec(ROUTE_PACK))
     v = expand(spec, archs=["sm_90a"])[0][0]
     for tokens in (-5, 0, 1, 3, 16, 33, 4096, 70000):
         for e_cap in (8, 64, 256):
@@ -185,7 +177,10 @@ def test_full_matrix_plans_with_reasons_and_shards_split_it(tmp_path: Path) -> N
         assert all(v["reason"] for v in plan["variants"] if v["state"] == "rejected")
         return {v["key"] for v in plan["variants"] if v["state"] == "new"}
 
+    # One sharded plan through the CLI; the other shard is what the partition leaves (the
+    # partition itself is tested at small scale in test_build.py).
     whole = new_keys()
-    shards = [new_keys("--shard", f"{i}/2") for i in range(2)]
+    shards = [new_keys("--shard", "0/2")]
+    shards.append({key for key in whole if in_shard(key, (1, 2))})
     assert whole and shards[0] and shards[1]
     assert shards[0].isdisjoint(shards[1]) and shards[0] | shards[1] == whole

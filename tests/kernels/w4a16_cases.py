@@ -25,7 +25,7 @@ def route_pack_for(registry, arch: str, p: dict):
     for e in family_variants(registry, "moe.route_pack", arch):
         q = e.params
         if (q["topk"], q["block_m"], q["e_cap"]) == (p["topk"], p["block_m"], p["e_cap"]):
-            return registry.kernel(e.family, e.abi, **q).prepare()
+            return prepared(registry, e)
     pytest.skip(f"no moe.route_pack variant for topk={p['topk']} block_m={p['block_m']} e_cap={p['e_cap']}")
 
 
