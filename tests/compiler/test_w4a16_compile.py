@@ -38,8 +38,7 @@ def small_w4a16_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return db
 
 
-@pytest.mark.usefixtures("needs_nvdisasm")
-def test_subset_builds_for_every_arch_with_tensor_cores_and_no_spills(small_w4a16_registry: Path) -> None:
+def test_subset_builds_for_every_arch_and_cta_size(small_w4a16_registry: Path) -> None:
     index = RegistryIndex(small_w4a16_registry)
     entries = list(index.entries.values())
     gemms = [e for e in entries if e.family == "moe.w4a16"]
@@ -52,23 +51,30 @@ def test_subset_builds_for_every_arch_with_tensor_cores_and_no_spills(small_w4a1
     for entry in entries:
         kernel = checked_cubin(index, entry).kernel(entry.symbol)
         assert kernel.max_threads == entry.params["cta_threads"]
-        row = resources[entry.key]
-        assert row.registers and row.spill_store_bytes == 0 and row.classes["local"] == 0
-        if entry.family == "moe.w4a16":
+        assert resources[entry.key].registers
+    # cta_threads is a scheduling choice the audit can see: same params otherwise, other registers.
+    for arch in ARCHS:
+        regs = {e.params["cta_threads"]: resources[e.key].registers for e in gemms if e.arch == arch}
+        assert len(set(regs.values())) > 1 and regs[256] != regs[512], f"{arch}: {regs}"
+
+
+@pytest.mark.usefixtures("needs_nvdisasm")
+def test_subset_sass_has_tensor_cores_cp_async_and_no_spills(small_w4a16_registry: Path) -> None:
+    rows = current_rows(small_w4a16_registry)
+    assert {r.family for r in rows} == {"moe.w4a16", "moe.route_pack"}
+    for row in rows:
+        assert row.spill_store_bytes == 0 and row.classes["local"] == 0, (row.arch, row.params)
+        if row.family == "moe.w4a16":
             assert row.classes["mma"] > 0 and any(op.startswith("HMMA") for op in row.opcodes)
             assert any(op.startswith("LDGSTS") for op in row.opcodes)  # cp.async pipeline
             # Decode tiles take k + 4 weight pairs, one shift each, no PRMT; pairing k with k + 1
             # takes a PRMT per operand register, as many as the HFMA2s. At 128 threads (64 HFMA2)
             # the activation pairing's few PRMTs keep the count far below.
-            if entry.params["cta_threads"] == 128:
+            if row.params["cta_threads"] == 128:
                 prmt, hfma2 = (
                     sum(n for op, n in row.opcodes.items() if op.startswith(p)) for p in ("PRMT", "HFMA2")
                 )
-                assert prmt < hfma2 // 2, (entry.arch, entry.params, prmt, hfma2)
-    # cta_threads is a scheduling choice the audit can see: same params otherwise, other registers.
-    for arch in ARCHS:
-        regs = {e.params["cta_threads"]: resources[e.key].registers for e in gemms if e.arch == arch}
-        assert len(set(regs.values())) > 1 and regs[256] != regs[512], f"{arch}: {regs}"
+                assert prmt < hfma2 // 2, (row.arch, row.params, prmt, hfma2)
 
 
 @pytest.mark.usefixtures("needs_nvdisasm")
