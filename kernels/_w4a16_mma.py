@@ -89,22 +89,23 @@ class MmaSyncMainloop:
         ``g + 8``, k-halves 0 and 1: ``[g:0, g+8:0, g:1, g+8:1]``, one A fragment, at unit
         ``p ^ g`` (conflict-free reads: the eight ``g`` of a quad column hit distinct banks).
         """
-        qa, units = self.qa, self.tk // 4
+        qa = self.qa
         q = tid % qa
         for i in cutlass.range_constexpr(self.ra):
             r = tid // qa + i * (self.threads // qa)
             if a_src[i] >= 0:
                 g, h = r % 8, (r % 16) // 8
-                base = (
-                    slot * (2 * self.bm * units)
-                    + (r // 16) * (32 * units)
-                    + g * (4 * units)
-                    + h
-                    + (q % 2) * 2
-                )
+                base = self.a_rows_at(slot, r // 16, g, per_unit=4) + h + (q % 2) * 2  # in words
                 for s in cutlass.range_constexpr(4):
                     word = prmt(staged[s // 2, i], staged[s // 2 + 2, i], 0x5410 if s % 2 == 0 else 0x7632)
                     s_a[base + (((q // 2) * 4 + s) ^ g) * 4] = word
+
+    def a_rows_at(self, slot, atom, g, per_unit: int = 1):
+        """Where rows ``g`` and ``g + 8`` of m16 atom ``atom`` start in ring slot ``slot`` of the
+        interleaved activation tile, in 16-byte units (or in ``1 / per_unit`` of them): A-fragment
+        unit ``p = 4 * (k // 16) + step`` of those rows sits ``p ^ g`` units further."""
+        units = self.tk // 4 * per_unit  # per (row g, row g + 8) pair
+        return slot * (self.bm * units // 2) + atom * (8 * units) + g * units
 
     @cute.jit
     def compute_rows(
@@ -183,9 +184,8 @@ class MmaSyncMainloop:
         and ``16c + s + 4``, slots ``(2c + 8, 2c + 9)`` k ``16c + 8 + s`` and ``16c + 12 + s``,
         identically for A (:meth:`pair_rows`) and B.
         """
-        bm, tn = self.bm, self.tn
+        tn = self.tn
         na, ma = self.na, self.ma
-        units = self.tk // 4
         s_s16, s_se = scale_views
         target = acc
         if cutlass.const_expr(self.fp32_scale):
@@ -210,12 +210,7 @@ class MmaSyncMainloop:
             for step in cutlass.range_constexpr(4):
                 afr = cute.make_rmem_tensor((4, ma), Uint32)
                 for mi in cutlass.range_constexpr(ma):
-                    unit = (
-                        slot * (bm * units // 2)
-                        + mi * (8 * units)
-                        + g * units
-                        + ((16 * j + 4 * c + step) ^ g)
-                    )
+                    unit = self.a_rows_at(slot, mi, g) + ((16 * j + 4 * c + step) ^ g)
                     cute.autovec_copy(s_a32[None, unit], afr[None, mi])
                 bfr = cute.make_rmem_tensor((2, na), Uint32)
                 for at in cutlass.range_constexpr(na):
