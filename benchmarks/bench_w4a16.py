@@ -132,17 +132,14 @@ class Bench:
         return self.weights[problem]
 
     def run(self, entry, phase: str) -> dict:
+        """Time route packing and the GEMM for the phase's tokens; prefill also times torch."""
         p, a = dict(entry.params), self.args
         gemm = self.registry.kernel(entry.family, entry.abi, **p).prepare()
+        pack = self.route_pack(entry)
         experts = min(a.experts, p["e_cap"])
         w, s = self.weights_for(p, experts)
         tokens = a.decode_tokens if phase == "decode" else a.prefill_tokens
-        return self.phase(phase, entry, gemm, self.route_pack(entry), w, s, experts, tokens)
-
-    def phase(self, phase: str, entry, gemm, pack, w, s, experts: int, tokens: int) -> dict:
-        """Time route packing and the GEMM for ``tokens`` tokens; prefill also times torch."""
-        p = dict(entry.params)
-        iters, elem = self.args.iters, TORCH[p["element"]]
+        iters, elem = a.iters, TORCH[p["element"]]
         gen = seeded(tokens, p["topk"], experts, p["k"])
         x = torch.randn(tokens, p["k"], device="cuda", generator=gen).to(elem)
         ids = routes(tokens, p["topk"], experts, gen)
