@@ -84,10 +84,10 @@ class MmaSyncMainloop:
         """Store the staged activation pieces into ring slot ``slot``, paired and interleaved.
 
         Piece ``q`` of row ``r`` is k ``[8q, 8q + 8)``, words ``x0..x3``; its operand words are
-        ``(k + s, k + s + 4)`` for ``s < 4``, one ``prmt`` each. Unit ``p`` (16 bytes) of an m16
-        atom holds the words of step ``p % 4`` of lane column ``p // 4 % 4`` for rows ``g`` and
-        ``g + 8``, k-halves 0 and 1: ``[g:0, g+8:0, g:1, g+8:1]``, one A fragment, at unit
-        ``p ^ g`` (conflict-free reads: the eight ``g`` of a quad column hit distinct banks).
+        ``(k + s, k + s + 4)`` for ``s < 4``, one ``prmt`` each. Unit ``p = 4 * (q // 2) + s``
+        (16 bytes) of rows ``g`` and ``g + 8`` holds the words of step ``s`` of lane column
+        ``q // 2 % 4``, k-halves 0 and 1: ``[g:0, g+8:0, g:1, g+8:1]``, one A fragment, placed by
+        :meth:`a_unit`.
         """
         qa = self.qa
         q = tid % qa
@@ -98,14 +98,24 @@ class MmaSyncMainloop:
                 base = self.a_rows_at(slot, r // 16, g, per_unit=4) + h + (q % 2) * 2  # in words
                 for s in cutlass.range_constexpr(4):
                     word = prmt(staged[s // 2, i], staged[s // 2 + 2, i], 0x5410 if s % 2 == 0 else 0x7632)
-                    s_a[base + (((q // 2) * 4 + s) ^ g) * 4] = word
+                    s_a[base + self.a_unit(q // 2, s, g) * 4] = word
 
     def a_rows_at(self, slot, atom, g, per_unit: int = 1):
         """Where rows ``g`` and ``g + 8`` of m16 atom ``atom`` start in ring slot ``slot`` of the
-        interleaved activation tile, in 16-byte units (or in ``1 / per_unit`` of them): A-fragment
-        unit ``p = 4 * (k // 16) + step`` of those rows sits ``p ^ g`` units further."""
+        interleaved activation tile, in 16-byte units (or in ``1 / per_unit`` of them); their
+        A-fragment units follow in the order :meth:`a_unit` gives."""
         units = self.tk // 4 * per_unit  # per (row g, row g + 8) pair
         return slot * (self.bm * units // 2) + atom * (8 * units) + g * units
+
+    @staticmethod
+    def a_unit(quad, step, g):
+        """Where A-fragment unit ``4 * quad + step`` (``quad = k // 16`` in the k-tile) of rows
+        ``g``, ``g + 8`` sits after :meth:`a_rows_at`: ``step`` XOR bit 1 of ``quad`` and bit 0 of
+        ``g``. An ``ld.shared.v4`` is served eight lanes at a time, ``g`` in ``{2i, 2i + 1}`` by
+        ``c`` in ``0..3`` (``quad = 4j + c``): ``c & 1`` picks four of the eight 16-byte bank
+        groups, and the XOR spreads ``c & 2`` and ``g & 1`` over those four, so the eight lanes
+        hit distinct banks."""
+        return 4 * quad + (((quad & 2) | (g & 1)) ^ step)
 
     @cute.jit
     def compute_rows(
@@ -210,7 +220,7 @@ class MmaSyncMainloop:
             for step in cutlass.range_constexpr(4):
                 afr = cute.make_rmem_tensor((4, ma), Uint32)
                 for mi in cutlass.range_constexpr(ma):
-                    unit = self.a_rows_at(slot, mi, g) + ((16 * j + 4 * c + step) ^ g)
+                    unit = self.a_rows_at(slot, mi, g) + self.a_unit(4 * j + c, step, g)
                     cute.autovec_copy(s_a32[None, unit], afr[None, mi])
                 bfr = cute.make_rmem_tensor((2, na), Uint32)
                 for at in cutlass.range_constexpr(na):
