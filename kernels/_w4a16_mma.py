@@ -84,21 +84,16 @@ class MmaSyncMainloop:
         """Store the staged activation pieces into ring slot ``slot``, paired and interleaved.
 
         Piece ``q`` of row ``r`` is k ``[8q, 8q + 8)``, words ``x0..x3``; its operand words are
-        ``(k + s, k + s + 4)`` for ``s < 4``, one ``prmt`` each. Unit ``p = 4 * (q // 2) + s``
-        (16 bytes) of rows ``g`` and ``g + 8`` holds the words of step ``s`` of lane column
-        ``q // 2 % 4``, k-halves 0 and 1: ``[g:0, g+8:0, g:1, g+8:1]``, one A fragment, placed by
-        :meth:`a_unit`.
+        ``(k + s, k + s + 4)`` for ``s < 4``, one ``prmt`` each, stored where :meth:`a_word` says.
         """
         qa = self.qa
         q = tid % qa
         for i in cutlass.range_constexpr(self.ra):
             r = tid // qa + i * (self.threads // qa)
             if a_src[i] >= 0:
-                g, h = r % 8, (r % 16) // 8
-                base = self.a_rows_at(slot, r // 16, g, per_unit=4) + h + (q % 2) * 2  # in words
                 for s in cutlass.range_constexpr(4):
                     word = prmt(staged[s // 2, i], staged[s // 2 + 2, i], 0x5410 if s % 2 == 0 else 0x7632)
-                    s_a[base + self.a_unit(q // 2, s, g) * 4] = word
+                    s_a[self.a_word(slot, r, q, s)] = word
 
     def a_rows_at(self, slot, atom, g, per_unit: int = 1):
         """Where rows ``g`` and ``g + 8`` of m16 atom ``atom`` start in ring slot ``slot`` of the
@@ -108,14 +103,23 @@ class MmaSyncMainloop:
         return slot * (self.bm * units // 2) + atom * (8 * units) + g * units
 
     @staticmethod
-    def a_unit(quad, step, g):
-        """Where A-fragment unit ``4 * quad + step`` (``quad = k // 16`` in the k-tile) of rows
-        ``g``, ``g + 8`` sits after :meth:`a_rows_at`: ``step`` XOR bit 1 of ``quad`` and bit 0 of
-        ``g``. An ``ld.shared.v4`` is served eight lanes at a time, ``g`` in ``{2i, 2i + 1}`` by
-        ``c`` in ``0..3`` (``quad = 4j + c``): ``c & 1`` picks four of the eight 16-byte bank
-        groups, and the XOR spreads ``c & 2`` and ``g & 1`` over those four, so the eight lanes
-        hit distinct banks."""
-        return 4 * quad + (((quad & 2) | (g & 1)) ^ step)
+    def a_unit(k16, step, g):
+        """Where A-fragment unit ``(k16, step)`` of rows ``g``, ``g + 8`` sits after
+        :meth:`a_rows_at`, in 16-byte units: ``4 * k16 + (step ^ ((k16 & 2) | (g & 1)))``, with
+        ``k16 = k // 16`` in the k-tile. Row pairs start on 128-byte boundaries (``tile_k / 4``
+        units), so a unit's bank group is its offset mod 8. An ``ld.shared.v4`` is served eight
+        lanes at a time, ``g`` in ``{2i, 2i + 1}`` by ``c`` in ``0..3``, reading ``k16 = 4j + c``:
+        ``c & 1`` picks half of the eight bank groups and the XOR spreads ``c & 2`` and ``g & 1``
+        over its four, so the eight lanes hit every bank once."""
+        return 4 * k16 + (((k16 & 2) | (g & 1)) ^ step)
+
+    def a_word(self, slot, r, q, s):
+        """Where :meth:`pair_rows` stores step ``s`` of piece ``q`` of row ``r``, in 32-bit words:
+        A-fragment unit ``(q // 2, s)`` of rows ``r % 8``, ``r % 8 + 8`` holds
+        ``[g:0, g+8:0, g:1, g+8:1]`` (row, k-half ``q % 2``), one A fragment."""
+        g = r % 8
+        within = (r % 16) // 8 + (q % 2) * 2
+        return self.a_rows_at(slot, r // 16, g, per_unit=4) + within + self.a_unit(q // 2, s, g) * 4
 
     @cute.jit
     def compute_rows(

@@ -1,5 +1,6 @@
-"""The decode tiles' interleaved activation layout, on the CPU: a permutation, and bank-conflict
-free for the ``ld.shared.v4`` that reads each A fragment."""
+"""The decode tiles' interleaved activation layout, on the CPU: where the writer (``pair_rows``)
+stores each word is where the reader (``compute_interleaved``) expects it, no two words collide,
+and the ``ld.shared.v4`` that reads each A fragment is free of bank conflicts."""
 
 from __future__ import annotations
 
@@ -9,28 +10,51 @@ pytest.importorskip("cutlass")
 
 from b12x_aot.kernels._w4a16_mma import MmaSyncMainloop
 
-pytestmark = pytest.mark.dsl
-a_unit = MmaSyncMainloop.a_unit
+STAGES, BLOCK_M = 3, 16
 
 
-@pytest.mark.parametrize("tile_k", [64, 128])
-def test_a_unit_permutes_the_units_of_a_row_pair(tile_k: int) -> None:
-    units = tile_k // 4  # 16-byte A-fragment units per (row g, row g + 8) pair and k-tile
-    for g in range(8):
-        placed = [a_unit(p // 4, p % 4, g) for p in range(units)]
-        assert sorted(placed) == list(range(units))
+def layout(tile_k: int) -> MmaSyncMainloop:
+    tile = MmaSyncMainloop()
+    tile.tk, tile.bm = tile_k, BLOCK_M
+    return tile
 
 
-@pytest.mark.parametrize("tile_k", [64, 128])
-def test_each_eight_lanes_of_a_fragment_load_hit_distinct_bank_groups(tile_k: int) -> None:
-    # Lane 4g + c reads unit (4j + c, step) of row pair g; pairs sit tile_k // 4 units apart.
-    # A 16-byte load is served eight lanes at a time; a 128-byte row of banks holds 8 units.
-    units = tile_k // 4
-    for j in range(tile_k // 64):
-        for step in range(4):
-            for first in range(0, 32, 8):
-                groups = {
-                    (lane // 4 * units + a_unit(4 * j + lane % 4, step, lane // 4)) % 8
-                    for lane in range(first, first + 8)
-                }
-                assert len(groups) == 8, (tile_k, j, step, first, sorted(groups))
+@pytest.mark.parametrize("tile_k", [64, 128, 256])
+def test_every_word_the_writer_stores_is_the_one_the_reader_expects(tile_k: int) -> None:
+    tile = layout(tile_k)
+    # Writer: step s of 16-byte piece q (k [8q, 8q + 8)) of row r; as (row, k-half, k16, step).
+    stored = {}
+    for slot in range(STAGES):
+        for r in range(BLOCK_M):
+            for q in range(tile_k // 8):
+                for s in range(4):
+                    word = tile.a_word(slot, r, q, s)
+                    assert word not in stored, (slot, r, q, s)
+                    stored[word] = (slot, r, q % 2, q // 2, s)
+    assert sorted(stored) == list(range(STAGES * BLOCK_M * tile_k // 2))  # the whole ring, once
+    # Reader: lane (g, c) loads unit (k16 = 4j + c, step) of rows g, g + 8 as its A fragment:
+    # words [g:0, g+8:0, g:1, g+8:1] (row, k-half).
+    for slot in range(STAGES):
+        for g in range(8):
+            for k16 in range(tile_k // 16):
+                for step in range(4):
+                    unit = tile.a_rows_at(slot, 0, g) + tile.a_unit(k16, step, g)
+                    got = [stored[4 * unit + e] for e in range(4)]
+                    want = [(slot, g + 8 * (e % 2), e // 2, k16, step) for e in range(4)]
+                    assert got == want, (tile_k, slot, g, k16, step)
+
+
+@pytest.mark.parametrize("tile_k", [64, 128, 256])
+def test_each_eight_lanes_of_a_fragment_load_hit_every_bank_once(tile_k: int) -> None:
+    # A 16-byte load is served eight lanes at a time (lane 4g + c); 128 bytes of banks hold 8 units.
+    tile = layout(tile_k)
+    for slot in range(STAGES):
+        for j in range(tile_k // 64):
+            for step in range(4):
+                for first in range(0, 32, 8):
+                    groups = {
+                        (tile.a_rows_at(slot, 0, lane // 4) + tile.a_unit(4 * j + lane % 4, step, lane // 4))
+                        % 8
+                        for lane in range(first, first + 8)
+                    }
+                    assert len(groups) == 8, (tile_k, slot, j, step, first, sorted(groups))
