@@ -128,7 +128,7 @@ class Bench:
             s = (torch.rand(experts, p["n"], p["k"] // p["group"], device="cuda", generator=gen) + 0.5) / (
                 8 * p["k"] ** 0.5
             )
-            self.weights = {problem: (w, s.to(TORCH[p["element"]]))}
+            self.weights[problem] = (w, s.to(TORCH[p["element"]]))
         return self.weights[problem]
 
     def run(self, entry, phase: str) -> dict:

@@ -86,10 +86,8 @@ class MmaSyncMainloop:
         Piece ``q`` of row ``r`` is k ``[8q, 8q + 8)``, words ``x0..x3``; its operand words are
         ``(k + s, k + s + 4)`` for ``s < 4``, one ``prmt`` each, stored where :meth:`a_word` says.
         """
-        qa = self.qa
-        q = tid % qa
         for i in cutlass.range_constexpr(self.ra):
-            r = tid // qa + i * (self.threads // qa)
+            r, q = self.a_piece(tid, i)
             if a_src[i] >= 0:
                 for s in cutlass.range_constexpr(4):
                     word = prmt(staged[s // 2, i], staged[s // 2 + 2, i], 0x5410 if s % 2 == 0 else 0x7632)

@@ -202,6 +202,11 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                         col = route * (self.n // self.out_vec) + nt * per_row + i % per_row
                         cute.autovec_copy(zero, m_out[None, col])
 
+    def a_piece(self, tid, i: int):
+        """Row and 16-byte piece (of ``tile_k / 8``) of the block's activations that thread
+        ``tid`` loads in pass ``i``: consecutive threads take a row's consecutive pieces."""
+        return tid // self.qa + i * (self.threads // self.qa), tid % self.qa
+
     @cute.jit
     def issue(self, kt: Int32, slot: Int32, atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, tid: Int32):
         """Fill ring slot ``slot`` with k-tile ``kt``: ``cp.async`` copies, except the activations
@@ -217,9 +222,8 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 if kt + 1 < self.kt_count:
                     self.stage_rows(kt + 1, staged, g_a, a_src)
         else:
-            q = tid % qa
             for i in cutlass.range_constexpr(self.ra):
-                r = tid // qa + i * (self.threads // qa)
+                r, q = self.a_piece(tid, i)
                 if a_src[i] >= 0:
                     cute.copy(
                         atom_a,
@@ -294,18 +298,18 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         mma = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(elem, Float32, (16, 8, 16)))
 
         # This thread's activation rows: gathered token offsets, and whether to load them at all.
-        rows_per_pass = self.threads // qa
         ra = self.ra
         a_src = cute.make_rmem_tensor((ra,), Int32)  # 16-byte piece of k-tile 0; -1: no row to load
         for i in cutlass.range_constexpr(ra):
-            r = tid // qa + i * rows_per_pass
+            r, q = self.a_piece(tid, i)
             a_src[i] = -1
             if r < bm:
                 route = sc[rows + r]
                 if route >= 0:
-                    a_src[i] = (route // self.topk) * (self.k // 8) + tid % qa
-        staged = cute.make_rmem_tensor((4, ra), Uint32)  # interleaved tiles' next activation pieces
+                    a_src[i] = (route // self.topk) * (self.k // 8) + q
+        staged = None  # interleaved tiles' next activation pieces
         if cutlass.const_expr(self.interleave):
+            staged = cute.make_rmem_tensor((4, ra), Uint32)
             self.stage_rows(Int32(0), staged, g_a, a_src)
         row0 = expert * self.n + nt * tn
         w_src = row0 * k32
