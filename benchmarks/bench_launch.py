@@ -150,7 +150,7 @@ def _dsl_paths(kernel, tensors, m: int, stream) -> dict:
         import cutlass.cute as cute
         from cutlass.cute.runtime import make_ptr
 
-        from b12x_aot.kernels._base import dsl_dtype
+        from b12x_aot.kernels import dsl_dtype
         from b12x_aot.kernels.topk_sum import TopKSum
     except ImportError:
         print("CuTe DSL not importable: skipping the dsl/* paths", file=sys.stderr)

@@ -1,1 +1,61 @@
-"""b12x-aot compiler: specs in, variants planned, compiled offline and recorded."""
+"""b12x-aot compiler: specs in, variants planned, compiled offline and recorded.
+
+The public API of the build side, for the CLIs and for tools that drive builds themselves.
+"""
+
+from ._arch import ARCHS, ArchLimits
+from ._audit import stale, verify
+from ._build import BuildSummary, run_build
+from ._closure import source_closure
+from ._contract import check_contract, check_limits
+from ._cubin import CubinInfo, inspect_cubin
+from ._driver import CompileJob, CompileOutcome, compile_job, prepare_worker
+from ._plan import STATES, Plan, PlanItem, in_shard, make_plan, parse_shard
+from ._sass import find_nvdisasm, sass_histograms
+from ._spec import ArgTemplate, Limits, Spec, load_spec, load_specs
+from ._toolchain import COMPILE_OPTIONS, current_toolchain
+from ._variants import Rejection, Variant, expand, parse_where
+from .errors import ClosureError, CompilerError, ContractError, SpecError, SpecFault, ToolchainError
+
+__all__ = [
+    "ARCHS",
+    "COMPILE_OPTIONS",
+    "STATES",
+    "ArchLimits",
+    "ArgTemplate",
+    "BuildSummary",
+    "ClosureError",
+    "CompileJob",
+    "CompileOutcome",
+    "CompilerError",
+    "ContractError",
+    "CubinInfo",
+    "Limits",
+    "Plan",
+    "PlanItem",
+    "Rejection",
+    "Spec",
+    "SpecError",
+    "SpecFault",
+    "ToolchainError",
+    "Variant",
+    "check_contract",
+    "check_limits",
+    "compile_job",
+    "current_toolchain",
+    "expand",
+    "find_nvdisasm",
+    "in_shard",
+    "inspect_cubin",
+    "load_spec",
+    "load_specs",
+    "make_plan",
+    "parse_shard",
+    "parse_where",
+    "prepare_worker",
+    "run_build",
+    "sass_histograms",
+    "source_closure",
+    "stale",
+    "verify",
+]

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from b12x_aot.registry import FailureRecord, RegistryStore, RegistryWriter, VariantRecord
 
 from ._driver import CompileJob, CompileOutcome
-from ._plan import Plan, PlanItem
+from ._plan import Plan
 from ._pool import run_jobs
-from ._toolchain import COMPILE_OPTIONS
+from ._variants import Variant
 
 __all__ = ["BuildSummary", "run_build"]
 
@@ -36,60 +36,29 @@ class BuildSummary:
     def ok(self) -> bool:
         return not self.failed and not self.planned.get("failed", 0)
 
-    def record(self) -> dict[str, Any]:
-        """What the registry keeps of the build: :meth:`to_json` with rejections counted, not
-        listed, and only the failures this build made (recorded ones are already stored)."""
-        return {
-            "planned": self.planned,
-            "built": self.built,
-            "unchanged": self.unchanged,
-            "failed": [f for f in self.failed if not f["previous_build"]],
-            "rejected": len(self.rejected),
-            "seconds": round(self.seconds, 3),
-        }
-
     def to_json(self) -> dict[str, Any]:
-        return {
-            "build_id": self.build_id,
-            "planned": self.planned,
-            "built": self.built,
-            "unchanged": self.unchanged,
-            "failed": self.failed,
-            "rejected": self.rejected,
-            "seconds": round(self.seconds, 3),
-            "ok": self.ok,
-        }
+        return {**asdict(self), "seconds": round(self.seconds, 3), "ok": self.ok}
+
+    def record(self) -> dict[str, Any]:
+        """What the registry keeps of the build: :meth:`to_json` without the id and the verdict,
+        rejections counted rather than listed, and only the failures this build made (recorded
+        ones are already stored)."""
+        data = self.to_json()
+        del data["build_id"], data["ok"]
+        data["failed"] = [f for f in self.failed if not f["previous_build"]]
+        data["rejected"] = len(self.rejected)
+        return data
 
 
-def _job(item: PlanItem) -> CompileJob:
-    v = item.variant
-    return CompileJob(
-        key=v.key,
-        label=v.label,
-        arch=v.arch,
-        kernel=v.spec.kernel,
-        params=dict(v.params),
-        args=v.args,
-        launch=v.spec.geometry.to_json(),
-        limits=v.spec.limits,
-        options=COMPILE_OPTIONS,
-    )
-
-
-def _failure(plan: Plan, item: PlanItem, kind: str, stage: str, reason: str, log: str = "") -> FailureRecord:
-    v = item.variant
-    return FailureRecord(
-        key=v.key,
-        family=v.family,
-        abi=v.spec.abi,
-        arch=v.arch,
-        params=dict(v.params),
-        provenance=plan.provenance_of(v),
-        kind=kind,
-        stage=stage,
-        reason=reason,
-        log=log,
-    )
+def _reported(variant: Variant, stage: str, reason: str, previous_build: bool) -> dict[str, Any]:
+    """How a failed or rejected variant appears in the build summary."""
+    return {
+        "variant": variant.label,
+        "key": variant.key,
+        "stage": stage,
+        "reason": reason,
+        "previous_build": previous_build,
+    }
 
 
 def run_build(
@@ -111,33 +80,20 @@ def run_build(
     for item in plan.items:
         if item.state in ("failed", "rejected"):
             bucket = summary.failed if item.state == "failed" else summary.rejected
-            bucket.append(
-                {
-                    "variant": item.variant.label,
-                    "key": item.variant.key,
-                    "stage": item.stage,
-                    "reason": item.reason,
-                    "previous_build": item.recorded,
-                }
-            )
+            bucket.append(_reported(item.variant, item.stage, item.reason, item.recorded))
     todo = {item.variant.key: item for item in plan.to_compile()}
 
     def record(outcome: CompileOutcome) -> None:
-        item = todo[outcome.key]
-        v = item.variant
+        v = todo[outcome.variant.key].variant
         if outcome.status == "ok":
-            assert outcome.cubin is not None and outcome.resources is not None
+            assert outcome.cubin is not None and outcome.resources is not None and v.static is not None
             rec = VariantRecord(
-                key=v.key,
-                family=v.family,
-                abi=v.spec.abi,
-                arch=v.arch,
-                params=dict(v.params),
+                variant=v.id,
                 provenance=plan.provenance_of(v),
                 artifact=outcome.cubin,
                 args=tuple(a.to_json() for a in v.args),
                 launch=v.spec.geometry.to_json(),
-                dynamic_smem_bytes=v.spec.geometry.bind_static(v.params).smem,
+                dynamic_smem_bytes=v.static.smem,
                 resources=outcome.resources,
                 ptxas_version=outcome.ptxas_version,
                 ptxas_flags=outcome.ptxas_flags,
@@ -149,25 +105,25 @@ def run_build(
             else:
                 summary.unchanged += 1
         else:
-            kind = "rejected" if outcome.status == "rejected" else outcome.status
+            kind = outcome.status  # failed, timeout or rejected
             writer.record_failure(
-                build_id, _failure(plan, item, kind, outcome.stage, outcome.reason, outcome.log)
+                build_id,
+                FailureRecord(
+                    variant=v.id,
+                    provenance=plan.provenance_of(v),
+                    kind=kind,
+                    stage=outcome.stage,
+                    reason=outcome.reason,
+                    log=outcome.log,
+                ),
             )
             bucket = summary.rejected if kind == "rejected" else summary.failed
-            bucket.append(
-                {
-                    "variant": v.label,
-                    "key": v.key,
-                    "stage": outcome.stage,
-                    "reason": outcome.reason,
-                    "previous_build": False,
-                }
-            )
+            bucket.append(_reported(v, outcome.stage, outcome.reason, False))
         on_outcome(outcome.status)
 
     status = "interrupted"
     try:
-        run_jobs([_job(i) for i in todo.values()], record, workers=workers, timeout=timeout)
+        run_jobs([CompileJob.of(i.variant) for i in todo.values()], record, workers=workers, timeout=timeout)
         status = "ok" if summary.ok else "failed"
     finally:
         summary.seconds = time.monotonic() - start

@@ -4,10 +4,13 @@ Found by reading import statements with :mod:`ast` and locating files on disk, n
 importing, so planning loads no CuTe DSL. A closure holds modules of this project
 (``b12x_aot.*``) and of the kernel module's own top-level package (kernels may live in a
 package of their own); the DSL and the stdlib are covered by the toolchain fingerprint
-instead. The closure follows explicit imports only: a package ``__init__`` that re-exports
-names is not in it unless a module imports from the package itself, so kernel modules import
-what they need from its defining module. A module that cannot be found or read is an error,
-since leaving it out would make the hash lie.
+instead. The closure follows explicit imports. ``from package import name``, where the
+package's ``__init__`` only re-exports ``name`` from one of its own modules
+(``from ._geometry import Geometry``), follows the re-export to that module and leaves the
+``__init__`` out: a kernel that imports ``cdiv`` from ``b12x_aot.loader`` depends on the
+module that defines it, not on every module the loader exports. A name the ``__init__``
+defines itself keeps the ``__init__`` (and so its own imports) in the closure. A module that
+cannot be found or read is an error, since leaving it out would make the hash lie.
 """
 
 from __future__ import annotations
@@ -15,28 +18,15 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.util
-from dataclasses import dataclass
 from pathlib import Path
+
+from b12x_aot.registry import SourceClosure
 
 from .errors import ClosureError
 
-__all__ = ["PROJECT_PACKAGE", "SourceClosure", "source_closure"]
+__all__ = ["PROJECT_PACKAGE", "source_closure"]
 
 PROJECT_PACKAGE = "b12x_aot"
-
-
-@dataclass(frozen=True, slots=True)
-class SourceClosure:
-    """``files`` are ``(module name, sha256 of its source)``, sorted by module name."""
-
-    files: tuple[tuple[str, str], ...]
-
-    @property
-    def hash(self) -> str:
-        h = hashlib.sha256()
-        for module, digest in self.files:
-            h.update(f"{module}\0{digest}\n".encode())
-        return h.hexdigest()
 
 
 def _origin(module: str) -> Path | None:
@@ -67,6 +57,32 @@ def _origin(module: str) -> Path | None:
     return None
 
 
+def _read(module: str, path: Path) -> tuple[bytes, ast.AST]:
+    """A module's source and its syntax tree; unreadable or broken source is an error."""
+    try:
+        source = path.read_bytes()
+    except OSError as exc:
+        raise ClosureError(f"cannot read {path} (module {module}) for its source hash: {exc.strerror}") from None
+    try:
+        return source, ast.parse(source, filename=str(path))
+    except SyntaxError as exc:
+        raise ClosureError(f"{path}:{exc.lineno}: syntax error in module {module}: {exc.msg}") from None
+
+
+def _reexports(package: str) -> dict[str, str] | None:
+    """Names a package's ``__init__`` imports from its own modules (name -> module), or None
+    when the module is not a package."""
+    path = _origin(package)
+    if path is None or path.name != "__init__.py":
+        return None
+    out: dict[str, str] = {}
+    for node in _read(package, path)[1].body:  # type: ignore[attr-defined]
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            for alias in node.names:
+                out[alias.asname or alias.name] = f"{package}.{node.module}"
+    return out
+
+
 def _imports(module: str, path: Path, tree: ast.AST, roots: frozenset[str]) -> set[str]:
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
@@ -80,9 +96,16 @@ def _imports(module: str, path: Path, tree: ast.AST, roots: frozenset[str]) -> s
                 target = f"{base}.{node.module}" if node.module else base
             else:
                 target = node.module or ""
+            if target.split(".")[0] not in roots:
+                continue
+            names = [alias.name for alias in node.names]
+            exports = _reexports(target) if target != module else None
+            if exports is not None and "*" not in names and all(n in exports for n in names):
+                found.update(exports[n] for n in names)  # the defining modules, not the __init__
+                continue
             found.add(target)
             # "from pkg import name" may name a submodule.
-            found.update(f"{target}.{alias.name}" for alias in node.names if alias.name != "*")
+            found.update(f"{target}.{n}" for n in names if n != "*")
     return {m for m in found if m.split(".")[0] in roots}
 
 
@@ -103,16 +126,7 @@ def source_closure(module: str) -> SourceClosure:
                     "and that the project is installed (pip install -e .)"
                 )
             continue  # "from pkg import attr" where attr is not a module
-        try:
-            source = path.read_bytes()
-        except OSError as exc:
-            raise ClosureError(
-                f"cannot read {path} (module {name}) for its source hash: {exc.strerror}"
-            ) from None
-        try:
-            tree = ast.parse(source, filename=str(path))
-        except SyntaxError as exc:
-            raise ClosureError(f"{path}:{exc.lineno}: syntax error in module {name}: {exc.msg}") from None
+        source, tree = _read(name, path)
         seen[name] = hashlib.sha256(source).hexdigest()
         pending.extend(_imports(name, path, tree, roots))
     return SourceClosure(tuple(sorted(seen.items())))

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from b12x_aot.registry import KernelResources, KParam
+
 from .errors import ContractError
 
-__all__ = ["CubinInfo", "KParam", "KernelResources", "inspect_cubin"]
+__all__ = ["CubinInfo", "inspect_cubin"]
 
 # EIATTR attribute codes and record formats of the NVIDIA ELF ".nv.info" sections.
 _FMT_SVAL = 0x04
@@ -34,32 +36,6 @@ _EIATTR_MAX_STACK_SIZE = 0x23
 _EIATTR_REGCOUNT = 0x2F
 
 _PTXAS_VERSION = re.compile(rb"Cuda compilation tools, release [\d.]+, V([\d.]+)")
-
-
-@dataclass(frozen=True, slots=True)
-class KParam:
-    """One ``EIATTR_KPARAM_INFO`` record: where a kernel parameter sits in the param bank."""
-
-    ordinal: int
-    offset: int
-    size: int
-    log_align: int  # log2 of the pointee alignment the kernel assumes (0 for scalars)
-
-
-@dataclass(frozen=True, slots=True)
-class KernelResources:
-    symbol: str
-    params: tuple[KParam, ...]
-    param_bytes: int | None
-    registers: int | None
-    frame_bytes: int
-    min_stack_bytes: int
-    max_stack_bytes: int | None
-    static_smem_bytes: int
-    const_bytes: int
-    max_threads: int | None
-    text_sha256: str
-    code_size: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,16 +15,18 @@ import os
 import tempfile
 import time
 import traceback
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from b12x_aot.loader import Arg, Geometry
+from b12x_aot.loader import Arg, Geometry, StaticGeometry, VariantId
+from b12x_aot.registry import KernelResources, SassHistogram
 
 from ._contract import check_contract, check_limits
-from ._cubin import KernelResources, inspect_cubin
-from ._sass import SassHistogram, sass_histograms
+from ._cubin import inspect_cubin
+from ._sass import sass_histograms
 from ._spec import Limits
+from ._toolchain import COMPILE_OPTIONS
+from ._variants import Variant
 from .errors import ContractError
 
 __all__ = ["CompileJob", "CompileOutcome", "compile_job", "prepare_worker"]
@@ -32,20 +34,34 @@ __all__ = ["CompileJob", "CompileOutcome", "compile_job", "prepare_worker"]
 
 @dataclass(frozen=True, slots=True)
 class CompileJob:
-    key: str
-    label: str
-    arch: str
+    """Everything a worker needs to compile one variant; picklable, parsed once at planning."""
+
+    variant: VariantId
     kernel: str  # "package.module:Class"
-    params: Mapping[str, Any]
     args: tuple[Arg, ...]
-    launch: Mapping[str, Any]  # Geometry.to_json()
+    geometry: Geometry
+    static: StaticGeometry
     limits: Limits
     options: str
+
+    @property
+    def arch(self) -> str:
+        return self.variant.arch
+
+    @classmethod
+    def of(cls, variant: Variant, options: str = COMPILE_OPTIONS) -> CompileJob:
+        """The job that compiles a variant the planner accepted."""
+        if variant.static is None:
+            raise ValueError(f"{variant.label} was rejected by the planner; it has no job")
+        spec = variant.spec
+        return cls(variant.id, spec.kernel, variant.args, spec.geometry, variant.static, spec.limits, options)
 
 
 @dataclass(frozen=True, slots=True)
 class CompileOutcome:
-    key: str
+    """How one job ended. ``ok`` carries the cubin and what the registry records of it."""
+
+    variant: VariantId
     status: str  # ok, failed, timeout, rejected
     stage: str  # compile, contract, limits, worker
     reason: str
@@ -87,7 +103,7 @@ def _placeholders(args: tuple[Arg, ...]) -> list[Any]:
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_ptr
 
-    from b12x_aot.kernels._base import DSL_SCALARS, dsl_dtype
+    from b12x_aot.kernels import DSL_SCALARS, dsl_dtype
 
     out: list[Any] = []
     for arg in args:
@@ -107,7 +123,7 @@ def _compile(job: CompileJob) -> tuple[bytes, str]:
 
     module_name, _, class_name = job.kernel.partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
-    kernel = cls(Geometry.from_json(job.launch), **job.params)
+    kernel = cls(job.geometry, **job.variant.params)
     compiled = cute.compile(
         kernel, *_placeholders(job.args), cuda.CUstream(0), options=f"--gpu-arch {job.arch} {job.options}"
     )
@@ -125,7 +141,9 @@ def compile_job(job: CompileJob) -> CompileOutcome:
     def done(status: str, stage: str, reason: str, log: str = "", **extra: Any) -> CompileOutcome:
         output = captured.getvalue()
         full_log = "\n".join(part for part in (log, output and f"--- output ---\n{output}") if part)
-        return CompileOutcome(job.key, status, stage, reason, full_log, time.perf_counter() - start, **extra)
+        return CompileOutcome(
+            job.variant, status, stage, reason, full_log, time.perf_counter() - start, **extra
+        )
 
     try:
         with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
@@ -133,10 +151,9 @@ def compile_job(job: CompileJob) -> CompileOutcome:
     except Exception as exc:
         return done("failed", "compile", _reason(exc), traceback.format_exc())
 
-    geometry = Geometry.from_json(job.launch)
     try:
         info = inspect_cubin(cubin)
-        resources = check_contract(info, symbol, job.arch, job.args, geometry.bind_static(job.params))
+        resources = check_contract(info, symbol, job.arch, job.args, job.static)
     except ContractError as exc:
         return done("failed", "contract", str(exc), traceback.format_exc(), cubin=cubin, symbol=symbol)
 

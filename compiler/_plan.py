@@ -20,6 +20,7 @@ from b12x_aot.registry import (
     FailureState,
     Provenance,
     RegistryStore,
+    Toolchain,
     VariantState,
     current_states,
     latest_failures,
@@ -27,7 +28,6 @@ from b12x_aot.registry import (
 
 from ._closure import source_closure
 from ._spec import Spec
-from ._toolchain import Toolchain
 from ._variants import Variant, expand
 
 __all__ = ["STATES", "Plan", "PlanItem", "make_plan", "parse_shard"]
@@ -44,17 +44,7 @@ class PlanItem:
     recorded: bool = False  # a failure or post-compile rejection the registry holds for these inputs
 
     def to_json(self) -> dict[str, Any]:
-        v = self.variant
-        return {
-            "key": v.key,
-            "family": v.family,
-            "abi": v.spec.abi,
-            "arch": v.arch,
-            "params": dict(v.params),
-            "state": self.state,
-            "stage": self.stage,
-            "reason": self.reason,
-        }
+        return {**self.variant.id.to_json(), "state": self.state, "stage": self.stage, "reason": self.reason}
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,7 +72,7 @@ def _stop(worker: _Worker, *, kill: bool) -> None:
 
 
 def _failure(job: CompileJob, status: str, reason: str, seconds: float) -> CompileOutcome:
-    return CompileOutcome(job.key, status, "worker", reason, reason, seconds)
+    return CompileOutcome(job.variant, status, "worker", reason, reason, seconds)
 
 
 def run_jobs(

@@ -14,10 +14,11 @@ import shutil
 import subprocess
 import tempfile
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CLASSES", "SassHistogram", "find_nvdisasm", "sass_histograms"]
+from b12x_aot.registry import SassHistogram
+
+__all__ = ["CLASSES", "find_nvdisasm", "sass_histograms"]
 
 # Modifiers are upper case, except the shape of a warpgroup MMA (HGMMA.64x128x16.F32.BF16).
 _LINE = re.compile(
@@ -56,17 +57,6 @@ CLASSES: dict[str, frozenset[str]] = {
 }
 _CLASS_OF = {op: cls for cls, ops in CLASSES.items() for op in ops}
 _WIDTH = re.compile(r"\.(8|16|32|64|128|U8|S8|U16|S16)\b")
-
-
-@dataclass(frozen=True, slots=True)
-class SassHistogram:
-    opcodes: dict[str, int]
-    classes: dict[str, int]
-    spill_store_bytes: int
-    spill_load_bytes: int
-
-    def to_json(self) -> dict[str, object]:
-        return {"opcodes": self.opcodes, "classes": self.classes}
 
 
 def _access_bytes(opcode: str) -> int:

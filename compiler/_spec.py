@@ -7,27 +7,33 @@ Any problem becomes a :class:`SpecError` listing every fault found, never a trac
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
-from b12x_aot.loader import DTYPES, Arg, Expr, ExpressionError, Geometry
+from b12x_aot.loader import (
+    DTYPES,
+    Arg,
+    ArgError,
+    Expr,
+    ExpressionError,
+    Geometry,
+    canonical_hash,
+    check_family,
+)
 
 from ._arch import ARCHS
 from .errors import SpecError, SpecFault
 
-__all__ = ["ArgTemplate", "Limits", "Spec", "contract_hash", "load_spec", "load_specs"]
+__all__ = ["ArgTemplate", "Limits", "Spec", "load_spec", "load_specs"]
 
 _TEMPLATE = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 _ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-_FAMILY = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
 
 Scalar = StrictInt | StrictStr | StrictBool
 ExprSource = StrictInt | StrictStr
@@ -81,10 +87,15 @@ class ArgTemplate:
     align: int | None
     intent: str
 
+    @property
+    def template_param(self) -> str | None:
+        """The param a ``{param}`` dtype names, or None for a literal dtype."""
+        m = _TEMPLATE.match(self.dtype) if self.dtype is not None else None
+        return m.group(1) if m else None
+
     def resolve(self, params: Mapping[str, Any]) -> Arg:
-        dtype = self.dtype
-        if dtype is not None and (m := _TEMPLATE.match(dtype)):
-            dtype = str(params[m.group(1)])
+        param = self.template_param
+        dtype = str(params[param]) if param is not None else self.dtype
         return Arg(self.name, self.kind, dtype, self.align, self.intent)
 
 
@@ -129,27 +140,14 @@ class Spec:
             "family": self.family,
             "abi": self.abi,
             "kernel": self.kernel,
-            "args": [
-                {"name": a.name, "kind": a.kind, "dtype": a.dtype, "align": a.align, "intent": a.intent}
-                for a in self.args
-            ],
+            "args": [asdict(a) for a in self.args],
             "launch": self.geometry.to_json(),
-            "limits": {
-                "max_registers": self.limits.max_registers,
-                "max_spill_bytes": self.limits.max_spill_bytes,
-                "max_stack_bytes": self.limits.max_stack_bytes,
-            },
+            "limits": asdict(self.limits),
         }
 
     def contract_hash(self) -> str:
         """sha256 of :meth:`contract`: a change here makes this family's variants stale."""
-        return contract_hash(self.contract())
-
-
-def contract_hash(contract: Mapping[str, Any]) -> str:
-    """sha256 of a spec contract's canonical JSON."""
-    text = json.dumps(contract, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
+        return canonical_hash(self.contract())
 
 
 # --- YAML with line numbers -------------------------------------------------------------
@@ -247,8 +245,10 @@ def _pydantic_faults(exc: ValidationError, faults: _Faults) -> None:
 def _validate(
     model: _SpecModel, faults: _Faults
 ) -> tuple[tuple[ArgTemplate, ...], Geometry | None, list[Expr]]:
-    if not _FAMILY.match(model.family):
-        faults.add(("family",), f"must be dotted lowercase like 'moe.topk_sum' (got {model.family!r})")
+    try:
+        check_family(model.family)
+    except ValueError as exc:
+        faults.add(("family",), str(exc).removeprefix("family "))
     if not _ENTRY.match(model.kernel):
         faults.add(("kernel",), f"must be 'package.module:Class' (got {model.kernel!r})")
     for i, arch in enumerate(model.archs):
@@ -275,14 +275,9 @@ def _validate(
             faults.add((*where, "name"), f"argument {arg.name!r} is declared twice")
         if arg.name in model.params:
             faults.add((*where, "name"), f"argument {arg.name!r} has the name of a param")
-        if arg.kind == "ptr":
-            _check_pointer(arg, where, model.params, faults)
-        else:
-            if arg.dtype is not None or arg.align is not None:
-                faults.add(where, f"a {arg.kind} scalar takes no dtype or align")
-            if arg.intent != "in":
-                faults.add((*where, "intent"), "a scalar is always intent 'in'")
-        templates.append(ArgTemplate(arg.name, arg.kind, arg.dtype, arg.align, arg.intent))
+        template = ArgTemplate(arg.name, arg.kind, arg.dtype, arg.align, arg.intent)
+        _check_arg(template, where, model.params, faults)
+        templates.append(template)
 
     params = list(model.params)
     scalars = [a.name for a in model.args if a.kind != "ptr"]
@@ -304,28 +299,30 @@ def _validate(
     return tuple(templates), geometry, constraints
 
 
-def _check_pointer(
-    arg: _ArgModel, where: tuple[Any, ...], params: Mapping[str, list[Any]], faults: _Faults
+def _check_arg(
+    arg: ArgTemplate, where: tuple[Any, ...], params: Mapping[str, list[Any]], faults: _Faults
 ) -> None:
-    if arg.dtype is None:
-        faults.add(where, "a ptr argument needs a dtype")
-    elif m := _TEMPLATE.match(arg.dtype):
-        param = m.group(1)
-        if param not in params:
-            faults.add((*where, "dtype"), f"template {arg.dtype!r} names no param")
-        else:
-            bad = [v for v in params[param] if v not in DTYPES]
-            if bad:
-                faults.add(
-                    (*where, "dtype"),
-                    f"param {param!r} has values that are not dtypes: {bad}; valid: {', '.join(DTYPES)}",
-                )
-    elif arg.dtype not in DTYPES:
-        faults.add((*where, "dtype"), f"{arg.dtype!r} is not a dtype; valid: {', '.join(DTYPES)}")
-    if arg.align is None:
-        faults.add(where, "a ptr argument needs an align (bytes, a power of two)")
-    elif arg.align <= 0 or arg.align & (arg.align - 1):
-        faults.add((*where, "align"), f"must be a power of two (got {arg.align})")
+    """Resolve the argument for every dtype its template can take and let :class:`Arg` judge."""
+    param = arg.template_param
+    if param is not None and param not in params:
+        faults.add((*where, "dtype"), f"template {arg.dtype!r} names no param")
+        return
+    candidates = [{param: v} for v in params[param]] if param is not None else [{}]
+    found: dict[tuple[str, str], list[Any]] = {}
+    for values in candidates:
+        try:
+            arg.resolve(values)
+        except ArgError as exc:
+            found.setdefault((exc.field, exc.reason), []).append(values.get(param))  # type: ignore[arg-type]
+    bad_dtypes = [v for (field, _), vs in found.items() if field == "dtype" for v in vs]
+    if param is not None and bad_dtypes:
+        faults.add(
+            (*where, "dtype"),
+            f"param {param!r} has values that are not dtypes: {bad_dtypes}; valid: {', '.join(DTYPES)}",
+        )
+    for field, reason in found:
+        if not (param is not None and field == "dtype"):
+            faults.add((*where, field) if field else where, reason)
 
 
 def load_spec(path: str | Path) -> Spec:

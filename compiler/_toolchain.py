@@ -6,31 +6,16 @@ recorded per kernel from the cubin itself (``KernelResources``/``CubinInfo``).
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
-import json
-from dataclasses import dataclass
+
+from b12x_aot.registry import Toolchain
 
 from .errors import ToolchainError
 
-__all__ = ["COMPILE_OPTIONS", "Toolchain", "current_toolchain"]
+__all__ = ["COMPILE_OPTIONS", "current_toolchain"]
 
 # Options every variant is compiled with (besides --gpu-arch, which the arch fixes).
 COMPILE_OPTIONS = "--keep-cubin --opt-level 3"
-
-
-@dataclass(frozen=True, slots=True)
-class Toolchain:
-    dsl: tuple[tuple[str, str], ...]  # (distribution, version), sorted
-    options: str
-
-    @property
-    def hash(self) -> str:
-        text = json.dumps({"dsl": self.dsl, "options": self.options}, sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()
-
-    def describe(self) -> str:
-        return ", ".join(f"{n}=={v}" for n, v in self.dsl) + f" [{self.options}]"
 
 
 def current_toolchain(options: str = COMPILE_OPTIONS) -> Toolchain:

@@ -13,42 +13,32 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from b12x_aot.loader import Arg, ExpressionError, StaticGeometry, variant_key
+from b12x_aot.loader import Arg, ExpressionError, StaticGeometry, VariantId
 
 from ._arch import ARCHS
 from ._spec import Spec
 from .errors import SpecError, SpecFault
 
-__all__ = ["Rejection", "Variant", "expand", "params_text", "parse_where", "variant_label"]
+__all__ = ["Rejection", "Variant", "expand", "parse_where"]
 
 
 @dataclass(frozen=True, slots=True)
 class Variant:
-    """One (spec, arch, params) combination, with its key and resolved launch ABI."""
+    """One (spec, arch, params) combination: its identity, resolved launch ABI and, for a
+    variant the planner accepts, its static geometry (evaluated once, here)."""
 
     spec: Spec
-    arch: str
-    params: Mapping[str, Any]
-    key: str
+    id: VariantId
     args: tuple[Arg, ...]
+    static: StaticGeometry | None = None
 
     @property
-    def family(self) -> str:
-        return self.spec.family
+    def key(self) -> str:
+        return self.id.key
 
     @property
     def label(self) -> str:
-        return variant_label(self.spec.family, self.params, self.arch)
-
-
-def params_text(params: Mapping[str, Any]) -> str:
-    """``k=v,k=v`` in the spec's param order."""
-    return ",".join(f"{k}={v}" for k, v in params.items())
-
-
-def variant_label(family: str, params: Mapping[str, Any], arch: str) -> str:
-    """How the compiler and the audits name a variant: ``family[k=v,...]@arch``."""
-    return f"{family}[{params_text(params)}]@{arch}"
+        return self.id.label
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,22 +93,19 @@ def _constraints(spec: Spec, params: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _check(variant: Variant, static: StaticGeometry) -> Rejection | None:
-    limits = ARCHS[variant.arch]
+def _check(arch: str, static: StaticGeometry) -> tuple[str, str] | None:
+    """``(stage, reason)`` when the arch cannot launch this block or shared memory."""
+    limits = ARCHS[arch]
     threads = static.threads
     if threads < 32 or threads > limits.max_threads or threads % 32:
-        return Rejection(
-            variant,
-            "threads",
-            f"block {static.block} has {threads} threads; {variant.arch} allows a multiple of 32 "
-            f"from 32 to {limits.max_threads}",
+        return "threads", (
+            f"block {static.block} has {threads} threads; {arch} allows a multiple of 32 "
+            f"from 32 to {limits.max_threads}"
         )
     if static.smem > limits.max_smem_optin:
-        return Rejection(
-            variant,
-            "smem",
-            f"dynamic shared memory {static.smem} B exceeds the {variant.arch} opt-in limit of "
-            f"{limits.max_smem_optin} B",
+        return "smem", (
+            f"dynamic shared memory {static.smem} B exceeds the {arch} opt-in limit of "
+            f"{limits.max_smem_optin} B"
         )
     return None
 
@@ -148,8 +135,8 @@ def expand(
     for arch in spec.archs if archs is None else [a for a in spec.archs if a in archs]:
         for values in itertools.product(*(v for _, v in matrix)):
             params = dict(zip(names, values, strict=True))
-            key = variant_key(family=spec.family, abi=spec.abi, arch=arch, params=params)
-            variant = Variant(spec, arch, params, key, tuple(a.resolve(params) for a in spec.args))
+            vid = VariantId.of(family=spec.family, abi=spec.abi, arch=arch, params=params)
+            variant = Variant(spec, vid, tuple(a.resolve(params) for a in spec.args))
             reason = _constraints(spec, params)
             if reason is not None:
                 rejected.append(Rejection(variant, "constraint", reason))
@@ -159,9 +146,9 @@ def expand(
             except (ExpressionError, ZeroDivisionError) as exc:
                 rejected.append(Rejection(variant, "geometry", f"launch geometry does not evaluate: {exc}"))
                 continue
-            rejection = _check(variant, static)
-            if rejection is not None:
-                rejected.append(rejection)
+            problem = _check(arch, static)
+            if problem is not None:
+                rejected.append(Rejection(variant, *problem))
             else:
-                accepted.append(variant)
+                accepted.append(Variant(spec, vid, variant.args, static))
     return accepted, rejected

@@ -47,7 +47,7 @@ def _plan_table(plan: Plan) -> Table:
     groups: dict[tuple[str, int, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for item in plan.items:
         v = item.variant
-        groups[(v.family, v.spec.abi, v.arch)][item.state] += 1
+        groups[(v.id.family, v.id.abi, v.id.arch)][item.state] += 1
     for (family, abi, arch), counts in sorted(groups.items()):
         table.add_row(
             family,

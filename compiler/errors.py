@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from b12x_aot.loader import B12xError
+
 __all__ = [
     "ClosureError",
     "CompilerError",
@@ -16,16 +18,8 @@ __all__ = [
 ]
 
 
-class CompilerError(Exception):
+class CompilerError(B12xError):
     """Base class of compiler errors."""
-
-    exit_code = 1
-
-    def format_message(self) -> str:
-        return str(self.args[0]) if self.args else type(self).__name__
-
-    def __str__(self) -> str:
-        return self.format_message()
 
 
 @dataclass(frozen=True, slots=True)

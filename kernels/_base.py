@@ -15,8 +15,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cutlass_dsl import BaseDSL
 
-# Imported from its defining module so the source closure stays this module's real deps.
-from b12x_aot.loader._geometry import Geometry
+from b12x_aot.loader import Geometry
 
 __all__ = ["DSL_DTYPES", "DSL_SCALARS", "AotKernel", "dsl_dtype"]
 

@@ -36,7 +36,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint32
 
-from b12x_aot.loader._expr import cdiv
+from b12x_aot.loader import cdiv
 
 from ._base import AotKernel
 

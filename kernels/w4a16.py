@@ -38,7 +38,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint8, Uint16, Uint32
 
-from b12x_aot.loader._expr import cdiv
+from b12x_aot.loader import cdiv
 
 from ._base import AotKernel, dsl_dtype
 from ._ptx import cp_async_16_l2_256

@@ -13,13 +13,27 @@ build it.
 """
 
 from ._abi import DTYPES, SCALAR_KINDS, Arg, DType, ParamLayout, ScalarKind
+from ._cuda import check, current_device, ensure_init
 from ._expr import Expr, cdiv
 from ._geometry import Geometry, StaticGeometry
-from ._index import READABLE_SCHEMA, IndexEntry
-from ._keys import KEY_SCHEMA_VERSION, arch_of, canonical_params, variant_key
+from ._index import READABLE_SCHEMA, IndexEntry, blob_path
+from ._keys import (
+    KEY_SCHEMA_VERSION,
+    VariantId,
+    arch_of,
+    canonical_hash,
+    canonical_json,
+    canonical_params,
+    check_family,
+    params_text,
+    variant_key,
+    variant_label,
+)
 from ._launch import PreparedLaunch
 from ._registry import Kernel, LoadStats, Registry
 from .errors import (
+    ArgError,
+    B12xError,
     CaptureError,
     CudaError,
     ExpressionError,
@@ -38,6 +52,8 @@ __all__ = [
     "READABLE_SCHEMA",
     "SCALAR_KINDS",
     "Arg",
+    "ArgError",
+    "B12xError",
     "CaptureError",
     "CudaError",
     "DType",
@@ -61,11 +77,21 @@ __all__ = [
     "RequirementError",
     "ScalarKind",
     "StaticGeometry",
+    "VariantId",
     "VariantMissError",
     "arch_of",
+    "blob_path",
+    "canonical_hash",
+    "canonical_json",
     "canonical_params",
     "cdiv",
+    "check",
+    "check_family",
+    "current_device",
+    "ensure_init",
+    "params_text",
     "variant_key",
+    "variant_label",
 ]
 
 _LAZY = {"Manifest", "ParamRange", "Requirement"}

@@ -15,6 +15,8 @@ import struct
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
+from .errors import ArgError
+
 __all__ = [
     "DTYPES",
     "SCALAR_KINDS",
@@ -97,7 +99,8 @@ class Arg(_ArgFields):
 
     A pointer has an element ``dtype``, the byte ``align`` that the kernel assumes, and an
     ``intent`` saying whether the kernel reads it, writes it or both. A scalar has only a kind.
-    Construction validates every field and names the bad one.
+    Construction validates every field and raises :class:`ArgError` naming the bad one: this
+    is the one validator of argument declarations (specs are checked through it too).
     """
 
     __slots__ = ()
@@ -110,30 +113,34 @@ class Arg(_ArgFields):
         return self
 
     def _validate(self) -> None:
+        """Raise :class:`ArgError` naming the first field that breaks the contract."""
         if not self.name.isidentifier():
-            raise ValueError(f"Arg name must be an identifier (got {self.name!r})")
+            raise ArgError(self.name, "name", f"must be an identifier (got {self.name!r})")
         if self.kind == PTR:
+            if self.dtype is None:
+                raise ArgError(self.name, "dtype", "a ptr argument needs a dtype")
             if self.dtype not in DTYPES:
-                raise ValueError(
-                    f"Arg {self.name!r}: dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})"
-                )
-            if self.align is None or self.align <= 0 or self.align & (self.align - 1):
-                raise ValueError(f"Arg {self.name!r}: align must be a power of two (got {self.align!r})")
+                raise ArgError(self.name, "dtype", f"{self.dtype!r} is not a dtype; valid: {', '.join(DTYPES)}")
+            if self.align is None:
+                raise ArgError(self.name, "align", "a ptr argument needs an align (bytes, a power of two)")
+            if self.align <= 0 or self.align & (self.align - 1):
+                raise ArgError(self.name, "align", f"must be a power of two (got {self.align!r})")
             if self.align < DTYPES[self.dtype].itemsize:
-                raise ValueError(
-                    f"Arg {self.name!r}: align {self.align} is below the {self.dtype} item size "
-                    f"{DTYPES[self.dtype].itemsize}"
+                raise ArgError(
+                    self.name,
+                    "align",
+                    f"align {self.align} is below the {self.dtype} item size {DTYPES[self.dtype].itemsize}",
                 )
             if self.intent not in INTENTS:
-                raise ValueError(f"Arg {self.name!r}: intent must be one of {INTENTS} (got {self.intent!r})")
+                raise ArgError(self.name, "intent", f"must be one of {INTENTS} (got {self.intent!r})")
         elif self.kind in SCALAR_KINDS:
             if self.dtype is not None or self.align is not None:
-                raise ValueError(f"Arg {self.name!r}: a {self.kind} scalar takes no dtype or align")
+                raise ArgError(self.name, "", f"a {self.kind} scalar takes no dtype or align")
             if self.intent != "in":
-                raise ValueError(f"Arg {self.name!r}: a scalar is always intent 'in' (got {self.intent!r})")
+                raise ArgError(self.name, "intent", f"a scalar is always intent 'in' (got {self.intent!r})")
         else:
             kinds = ", ".join((PTR, *SCALAR_KINDS))
-            raise ValueError(f"Arg {self.name!r}: kind must be one of {kinds} (got {self.kind!r})")
+            raise ArgError(self.name, "kind", f"must be one of {kinds} (got {self.kind!r})")
 
     @property
     def is_pointer(self) -> bool:

@@ -211,6 +211,10 @@ class Expr:
     def __repr__(self) -> str:
         return f"Expr({self.source!r})"
 
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        # Pickled as its source (compile jobs cross process boundaries); parsed again on load.
+        return Expr.parse, (self.source,)
+
     @staticmethod
     def parse(source: str | int) -> Expr:
         """Parse ``source``; raise :class:`ExpressionError` naming what is not allowed."""

@@ -16,9 +16,10 @@ from typing import Any
 
 from ._abi import Arg
 from ._geometry import Geometry, StaticGeometry
+from ._keys import VariantId, variant_label
 from .errors import IntegrityError, RegistryFormatError
 
-__all__ = ["READABLE_SCHEMA", "IndexEntry", "RegistryIndex"]
+__all__ = ["READABLE_SCHEMA", "IndexEntry", "RegistryIndex", "blob_path"]
 
 # The registry schema versions this loader reads. The registry package's SCHEMA_VERSION must
 # be among them; a test keeps the two in step.
@@ -32,6 +33,11 @@ JOIN variants AS v ON v.id = c.variant_id
 JOIN kernels AS k ON k.variant_id = v.id
 LEFT JOIN specs AS s ON s.hash = v.spec_hash
 """
+
+
+def blob_path(directory: Path, sha256: str) -> Path:
+    """Where a registry with a blob directory keeps the bytes of artifact ``sha256``."""
+    return directory / sha256[:2] / sha256
 
 
 @functools.lru_cache(maxsize=1024)
@@ -97,6 +103,14 @@ class IndexEntry:
         if self._params is None:
             self._params = json.loads(self._params_json)
         return self._params
+
+    @property
+    def variant(self) -> VariantId:
+        return VariantId(self.family, self.abi, self.arch, self.params, self.key)
+
+    @property
+    def label(self) -> str:
+        return variant_label(self.family, self.params, self.arch)
 
     @property
     def args(self) -> tuple[Arg, ...]:
@@ -188,7 +202,7 @@ class RegistryIndex:
     def _blob_file(self, sha: str) -> bytes:
         if self._blob_dir is None:
             raise RegistryFormatError(f"{self.path}: artifact {sha[:16]} has no bytes")
-        blob = self._blob_dir / sha[:2] / sha
+        blob = blob_path(self._blob_dir, sha)
         try:
             return blob.read_bytes()
         except OSError as exc:

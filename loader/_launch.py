@@ -1,6 +1,7 @@
 """Prepared launches: everything bound once, so a launch is one ``pack_into`` and one driver call.
 
-``Kernel.prepare()`` builds a :class:`PreparedLaunch`: a preallocated parameter buffer, the
+``Kernel.prepare()`` builds a :class:`PreparedLaunch` from plain inputs (the variant's index
+entry, a device, its function handle and a stream): a preallocated parameter buffer, the
 ``void*[]`` that points into it, the per-device function, the block, the shared memory and
 the grid. Its ``__call__`` is generated for the variant's ABI (as Triton's binder does), so a
 call does no loops, lookups or parsing: it converts pointer arguments (ints pass through;
@@ -18,16 +19,14 @@ import ctypes
 import struct
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cuda.bindings import driver as cu
 
 from ._abi import DTYPES, SCALAR_KINDS, Arg, ParamLayout
 from ._cuda import check, torch_stream_getter
+from ._index import IndexEntry
 from .errors import LaunchArgumentError
-
-if TYPE_CHECKING:
-    from ._registry import Kernel
 
 __all__ = ["PreparedLaunch"]
 
@@ -77,31 +76,31 @@ class PreparedLaunch:
     ranges first and raises :class:`LaunchArgumentError` (a ``ValueError``) before launching.
     """
 
-    __slots__ = ("_argv", "_buf", "_torch_dtypes", "args", "device", "grid", "kernel", "layout", "name")
+    __slots__ = ("_argv", "_buf", "_torch_dtypes", "args", "device", "entry", "grid", "layout", "name")
 
-    def __new__(cls, kernel: Kernel, device: int, function: Any, stream: Any = None) -> PreparedLaunch:
+    def __new__(cls, entry: IndexEntry, device: int, function: Any, stream: Any = None) -> PreparedLaunch:
         # Each prepared launch gets a subclass whose __call__ is generated for its ABI, so the
         # call dispatches straight into it.
         namespace: dict[str, Any] = {}
         self = object.__new__(type("PreparedLaunch", (cls,), {"__slots__": ()}))
-        self._bind(kernel, device, function, stream, namespace)
+        self._bind(entry, device, function, stream, namespace)
         type(self).__call__ = namespace["__call__"]
         return self
 
     def _bind(
-        self, kernel: Kernel, device: int, function: Any, stream: Any, namespace: dict[str, Any]
+        self, entry: IndexEntry, device: int, function: Any, stream: Any, namespace: dict[str, Any]
     ) -> None:
-        self.kernel = kernel
+        self.entry = entry
         self.device = device
-        self.name = kernel.name
-        self.args: tuple[Arg, ...] = kernel.entry.args
+        self.name = entry.label
+        self.args: tuple[Arg, ...] = entry.args
         self.layout = ParamLayout.of(self.args)
         self._torch_dtypes: tuple[Any, ...] | None = None
         self._buf = ctypes.create_string_buffer(max(self.layout.size, 1))
         base = ctypes.addressof(self._buf)
         self._argv = (ctypes.c_void_p * max(len(self.args), 1))(*(base + o for o in self.layout.offsets))
         positions = {a.name: i for i, a in enumerate(self.args) if not a.is_pointer}
-        grid = kernel.entry.geometry.grid_closure(kernel.entry.params, positions)
+        grid = entry.geometry.grid_closure(entry.params, positions)
         self.grid = grid  # a constant tuple, or a closure over the argument tuple
         names = [f"a{i}" for i in range(len(self.args))]
         values = [
@@ -132,12 +131,12 @@ class PreparedLaunch:
             gx=dims[0],
             gy=dims[1],
             gz=dims[2],
-            bx=kernel.static.block[0],
-            by=kernel.static.block[1],
-            bz=kernel.static.block[2],
-            smem=kernel.static.smem,
+            bx=entry.static.block[0],
+            by=entry.static.block[1],
+            bz=entry.static.block[2],
+            smem=entry.static.smem,
         )
-        exec(compile(source, f"<prepared launch {kernel.entry.family}>", "exec"), env, namespace)
+        exec(compile(source, f"<prepared launch {entry.family}>", "exec"), env, namespace)
 
     def _grid_source(
         self, grid: Any, names: list[str], positions: dict[str, int], env: dict[str, Any]
@@ -146,11 +145,11 @@ class PreparedLaunch:
         if not callable(grid):
             return [str(int(d)) for d in grid], [] if all(grid) else ["0"]
         env["grid_of"] = grid
-        dims = self.kernel.entry.geometry.grid
+        dims = self.entry.geometry.grid
         out: list[str] = []
         guard: list[str] = []
         for i, expr in enumerate(dims):
-            folded = expr.compile(self.kernel.entry.params, positions)
+            folded = expr.compile(self.entry.params, positions)
             if not callable(folded):
                 out.append(str(int(folded)))
                 if not folded:

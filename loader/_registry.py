@@ -20,7 +20,7 @@ from cuda.bindings import driver as cu
 from ._cuda import check, current_device, device_arch, ensure_init, stream_is_capturing, torch_stream_getter
 from ._geometry import StaticGeometry
 from ._index import IndexEntry, RegistryIndex
-from ._keys import canonical_params, variant_key
+from ._keys import VariantId, canonical_params, params_text, variant_key
 from ._launch import PreparedLaunch
 from .errors import CaptureError, Miss, RequirementError, VariantMissError
 
@@ -52,17 +52,17 @@ def _manifest(manifest: Manifest | Mapping[str, Any]) -> Manifest:
 
 
 class Kernel:
-    """A loaded variant. Built only by :meth:`Registry.kernel`; launch it via :meth:`prepare`."""
+    """A loaded variant. Built only by :meth:`Registry.kernel`; launch it via :meth:`prepare`.
 
-    __slots__ = ("_functions", "_handle", "_library", "_registry", "entry", "static")
+    It owns no driver handles: its library and per-device functions belong to the registry,
+    which creates them (refusing while a graph is being captured) and unloads them on close.
+    """
 
-    def __init__(self, registry: Registry, entry: IndexEntry, library: Any, handle: Any) -> None:
+    __slots__ = ("_registry", "entry")
+
+    def __init__(self, registry: Registry, entry: IndexEntry) -> None:
         self._registry = registry
         self.entry = entry
-        self._library = library
-        self._handle = handle
-        self._functions: dict[int, Any] = {}
-        self.static: StaticGeometry = entry.static
 
     @property
     def key(self) -> str:
@@ -70,15 +70,20 @@ class Kernel:
 
     @property
     def name(self) -> str:
-        return f"{self.entry.family}[{_render(self.entry.params)}]@{self.entry.arch}"
+        return self.entry.label
 
-    def function(self, device: int) -> Any:
-        """The ``CUfunction`` of this kernel on ``device``, created once per device."""
-        fn = self._functions.get(device)
-        if fn is None:
-            self._registry._make_functions([self], device)
-            fn = self._functions[device]
-        return fn
+    @property
+    def static(self) -> StaticGeometry:
+        return self.entry.static
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """The devices this kernel has a function handle on."""
+        return self._registry.devices_of(self)
+
+    def function(self, device: int, *, stream: Any = None) -> Any:
+        """The ``CUfunction`` of this kernel on ``device``; see :meth:`Registry.function`."""
+        return self._registry.function(self, device, stream=stream)
 
     def prepare(self, *, device: int | None = None, stream: Any = None) -> PreparedLaunch:
         """Bind this kernel to ``device`` (default: the current one) for fast launches.
@@ -88,7 +93,7 @@ class Kernel:
         """
         if device is None:
             device = current_device()
-        return PreparedLaunch(self, device, self.function(device), stream)
+        return PreparedLaunch(self.entry, device, self.function(device, stream=stream), stream)
 
     def __repr__(self) -> str:
         return f"<Kernel {self.name} key={self.key[:12]}>"
@@ -100,6 +105,8 @@ class Registry:
     def __init__(self, index: RegistryIndex) -> None:
         self._index = index
         self._kernels: dict[str, Kernel] = {}
+        self._libraries: dict[str, tuple[Any, Any]] = {}  # key -> (CUlibrary, CUkernel)
+        self._functions: dict[tuple[str, int], Any] = {}  # (key, device) -> CUfunction
         self._contexts: dict[int, Any] = {}
         self._arch: dict[int, str] = {}
         self._lock = threading.RLock()
@@ -175,15 +182,11 @@ class Registry:
             names = set().union(*(e.params.keys() for e in same.values()))
             if names != set(params):
                 hint = f"{family} params are {', '.join(sorted(names))} (got {', '.join(sorted(params))})"
-        rendered = {k: _render(e.params) for k, e in same.items()}
-        nearest = difflib.get_close_matches(_render(params), list(rendered.values()), n=3, cutoff=0.0)
+        rendered = {k: params_text(e.params) for k, e in same.items()}
+        nearest = difflib.get_close_matches(params_text(params), list(rendered.values()), n=3, cutoff=0.0)
         by_text = {v: same[k].params for k, v in rendered.items()}
         return Miss(
-            family=family,
-            abi=abi,
-            arch=arch,
-            params=dict(params),
-            key=key,
+            variant=VariantId(family, abi, arch, dict(params), key),
             nearest=tuple(by_text[t] for t in nearest),
             spec_path=spec_path,
             hint=hint,
@@ -211,9 +214,25 @@ class Registry:
                 raise CaptureError(f"a registry miss ({miss.miss.describe(str(self.path))})") from miss
             raise
         kernel = self._kernels.get(entry.key)
-        if kernel is None or device not in kernel._functions:
+        if kernel is None or (entry.key, device) not in self._functions:
             (kernel,) = self._load([entry], device, stream)
         return kernel
+
+    def function(self, kernel: Kernel, device: int, *, stream: Any = None) -> Any:
+        """The kernel's ``CUfunction`` on ``device``, created once per device.
+
+        Creating one is driver work: it raises :class:`CaptureError` while ``stream`` (default:
+        torch's current stream) is capturing a CUDA graph.
+        """
+        fn = self._functions.get((kernel.key, device))
+        if fn is None:
+            self._load([kernel.entry], device, stream)
+            fn = self._functions[(kernel.key, device)]
+        return fn
+
+    def devices_of(self, kernel: Kernel) -> tuple[int, ...]:
+        """The devices on which ``kernel`` has a function handle."""
+        return tuple(sorted(d for k, d in self._functions if k == kernel.key))
 
     def preload(
         self, manifest: Manifest | Mapping[str, Any], *, devices: Iterable[int] | None = None
@@ -268,7 +287,7 @@ class Registry:
         with self._lock:
             todo = [e for e in entries if e.key not in self._kernels]
             missing_fn = [
-                e for e in entries if e.key in self._kernels and device not in self._kernels[e.key]._functions
+                e for e in entries if e.key in self._kernels and (e.key, device) not in self._functions
             ]
             if (todo or missing_fn) and self._capturing(device, stream):
                 first = (todo or missing_fn)[0]
@@ -286,10 +305,10 @@ class Registry:
                     handle = check(
                         cu.cuLibraryGetKernel(library, entry.symbol.encode()), "cuLibraryGetKernel"
                     )
-                    self._kernels[entry.key] = Kernel(self, entry, library, handle)
-            kernels = [self._kernels[e.key] for e in entries]
-            self._make_functions([k for k in kernels if device not in k._functions], device)
-            return kernels
+                    self._libraries[entry.key] = (library, handle)
+                    self._kernels[entry.key] = Kernel(self, entry)
+            self._make_functions([e for e in entries if (e.key, device) not in self._functions], device)
+            return [self._kernels[e.key] for e in entries]
 
     def _context(self, device: int) -> Any:
         ctx = self._contexts.get(device)
@@ -298,28 +317,29 @@ class Registry:
             ctx = self._contexts[device] = check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
         return ctx
 
-    def _make_functions(self, kernels: list[Kernel], device: int) -> None:
+    def _make_functions(self, entries: list[IndexEntry], device: int) -> None:
         """Per-device function handles, with the dynamic shared memory limit raised once."""
-        if not kernels:
+        if not entries:
             return
-        with self._lock:
-            check(cu.cuCtxPushCurrent(self._context(device)), "cuCtxPushCurrent")
-            try:
-                attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-                for kernel in kernels:
-                    fn = check(cu.cuKernelGetFunction(kernel._handle), "cuKernelGetFunction")
-                    self.stats.functions += 1
-                    if kernel.static.smem > 0:
-                        check(cu.cuFuncSetAttribute(fn, attr, kernel.static.smem), "cuFuncSetAttribute")
-                    kernel._functions[device] = fn
-            finally:
-                check(cu.cuCtxPopCurrent(), "cuCtxPopCurrent")
+        check(cu.cuCtxPushCurrent(self._context(device)), "cuCtxPushCurrent")
+        try:
+            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            for entry in entries:
+                fn = check(cu.cuKernelGetFunction(self._libraries[entry.key][1]), "cuKernelGetFunction")
+                self.stats.functions += 1
+                if entry.static.smem > 0:
+                    check(cu.cuFuncSetAttribute(fn, attr, entry.static.smem), "cuFuncSetAttribute")
+                self._functions[(entry.key, device)] = fn
+        finally:
+            check(cu.cuCtxPopCurrent(), "cuCtxPopCurrent")
 
     def close(self) -> None:
         """Unload every library and release the primary contexts this registry retained."""
         with self._lock:
-            for kernel in self._kernels.values():
-                check(cu.cuLibraryUnload(kernel._library), "cuLibraryUnload")
+            for library, _ in self._libraries.values():
+                check(cu.cuLibraryUnload(library), "cuLibraryUnload")
+            self._libraries.clear()
+            self._functions.clear()
             self._kernels.clear()
             for device in self._contexts:
                 dev = check(cu.cuDeviceGet(device), "cuDeviceGet")
@@ -327,6 +347,3 @@ class Registry:
             self._contexts.clear()
             self._index.close()
 
-
-def _render(params: Mapping[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(params.items()))

@@ -5,7 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from ._keys import VariantId, params_text
+
 __all__ = [
+    "ArgError",
+    "B12xError",
     "CaptureError",
     "CudaError",
     "ExpressionError",
@@ -19,14 +23,24 @@ __all__ = [
 ]
 
 
-class LoaderError(Exception):
-    """Base class of every error the loader raises."""
+class B12xError(Exception):
+    """Base class of every error b12x-aot raises; each package's errors derive from it.
+
+    ``format_message()`` is the whole user-facing text; ``exit_code`` is what a CLI exits with
+    when this error ends a command (2 for bad input, 1 otherwise).
+    """
+
+    exit_code = 1
 
     def format_message(self) -> str:
         return str(self.args[0]) if self.args else type(self).__name__
 
     def __str__(self) -> str:
         return self.format_message()
+
+
+class LoaderError(B12xError):
+    """Base class of every error the loader raises."""
 
 
 class ExpressionError(LoaderError, ValueError):
@@ -39,6 +53,18 @@ class ExpressionError(LoaderError, ValueError):
 
     def format_message(self) -> str:
         return f"expression {self.source!r}: {self.reason}"
+
+
+class ArgError(LoaderError, ValueError):
+    """A kernel argument declaration that breaks the launch contract (see ``Arg``)."""
+
+    def __init__(self, arg: str, field: str, reason: str) -> None:
+        super().__init__(arg, field, reason)
+        self.arg, self.field, self.reason = arg, field, reason
+
+    def format_message(self) -> str:
+        where = f".{self.field}" if self.field else ""
+        return f"argument {self.arg!r}{where}: {self.reason}"
 
 
 class ManifestError(LoaderError, ValueError):
@@ -104,29 +130,25 @@ class LaunchArgumentError(LoaderError, ValueError):
 class Miss(NamedTuple):
     """One variant that a caller asked for and the registry does not hold."""
 
-    family: str
-    abi: int
-    arch: str
-    params: Mapping[str, object]
-    key: str
+    variant: VariantId
     nearest: Sequence[Mapping[str, object]] = ()
     spec_path: str | None = None
     hint: str = ""
 
     def command(self, registry: str) -> str:
-        where = " ".join(f"--where {k}={v}" for k, v in sorted(self.params.items()))
+        v = self.variant
+        where = " ".join(f"--where {k}={val}" for k, val in sorted(v.params.items()))
         spec = self.spec_path or "specs/"
-        return f"b12x-compile {spec} --registry {registry} --arch {self.arch} {where}"
+        return f"b12x-compile {spec} --registry {registry} --arch {v.arch} {where}"
 
     def describe(self, registry: str) -> str:
-        params = ", ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
-        lines = [f"{self.family} abi={self.abi} {self.arch} [{params}] (key {self.key[:16]})"]
+        v = self.variant
+        lines = [f"{v.family} abi={v.abi} {v.arch} [{params_text(v.params)}] (key {v.key[:16]})"]
         if self.hint:
             lines.append(f"  {self.hint}")
         if self.nearest:
             lines.append("  nearest variants in the registry:")
-            for near in self.nearest:
-                lines.append("    " + ", ".join(f"{k}={v}" for k, v in sorted(near.items())))
+            lines.extend(f"    {params_text(near)}" for near in self.nearest)
         if self.spec_path:
             lines.append(f"  spec: {self.spec_path}")
         lines.append(f"  build it: {self.command(registry)}")

@@ -5,20 +5,35 @@ through :class:`RegistryWriter`; audits read through the query functions; servin
 never import this package (they read SQLite with ``b12x_aot.loader``).
 """
 
+from ._audit import FAIL_METRICS, Change, DiffReport, Fault, StaleVariant, compare, diff
 from ._queries import (
+    FailureRow,
     FailureState,
     VariantRow,
     VariantState,
+    artifact_shas,
     builds,
     current_states,
+    failure_rows,
     find_variant,
     latest_failures,
     provenance_of,
+    source_closures,
     variant_rows,
+)
+from ._records import (
+    FailureRecord,
+    KernelResources,
+    KParam,
+    Provenance,
+    SassHistogram,
+    SourceClosure,
+    Toolchain,
+    VariantRecord,
 )
 from ._schema import SCHEMA_VERSION
 from ._store import BlobStore, RegistryStore, registry_url
-from ._writer import FailureRecord, Provenance, RegistryWriter, VariantRecord
+from ._writer import RegistryWriter
 from .errors import (
     BlobError,
     ManifestUnsatisfied,
@@ -29,11 +44,18 @@ from .errors import (
 )
 
 __all__ = [
+    "FAIL_METRICS",
     "SCHEMA_VERSION",
     "BlobError",
     "BlobStore",
+    "Change",
+    "DiffReport",
     "FailureRecord",
+    "FailureRow",
     "FailureState",
+    "Fault",
+    "KParam",
+    "KernelResources",
     "ManifestUnsatisfied",
     "NoSuchVariant",
     "Provenance",
@@ -41,15 +63,24 @@ __all__ = [
     "RegistryNotFound",
     "RegistryStore",
     "RegistryWriter",
+    "SassHistogram",
     "SchemaMismatch",
+    "SourceClosure",
+    "StaleVariant",
+    "Toolchain",
     "VariantRecord",
     "VariantRow",
     "VariantState",
+    "artifact_shas",
     "builds",
+    "compare",
     "current_states",
+    "diff",
+    "failure_rows",
     "find_variant",
     "latest_failures",
     "provenance_of",
     "registry_url",
+    "source_closures",
     "variant_rows",
 ]

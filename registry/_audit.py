@@ -1,33 +1,20 @@
-"""Audits over a registry, with no GPU: diff two builds, verify every blob, find stale variants.
+"""Audits over a registry's rows, with no GPU: diff two builds or variants, and the records of
+the audits that need the build side (``verify`` re-reads cubins and ``stale`` re-hashes source
+closures, so those two live in the compiler and report through :class:`Fault` and
+:class:`StaleVariant`).
 
-- ``diff``: variants matched by key; added, removed and changed, where a change reports
-  whether the artifact and the ``.text`` are byte-identical and the deltas of registers,
-  spills, shared memory, stack and SASS instruction classes.
-- ``verify``: every blob re-hashed; every variant's cubin parsed to check that its ELF arch is
-  the recorded arch, its kernel symbol exists and its ``.text`` hash is the recorded one.
-- ``stale``: variants whose source closure, spec contract or toolchain differs from the
-  current checkout and environment, each with its reason.
+``diff`` matches variants by key: added, removed and changed, where a change reports whether
+the artifact and the ``.text`` are byte-identical and the deltas of registers, spills, shared
+memory, stack and SASS instruction classes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sqlalchemy import select
-
-from b12x_aot.compiler._arch import ARCHS
-from b12x_aot.compiler._closure import source_closure
-from b12x_aot.compiler._cubin import inspect_cubin
-from b12x_aot.compiler._spec import Spec
-from b12x_aot.compiler._toolchain import Toolchain
-from b12x_aot.compiler.errors import ClosureError, ContractError
-
 from ._queries import VariantRow
-from ._schema import Artifact, Source
-from ._store import RegistryStore
-from .errors import BlobError
 
 __all__ = [
     "FAIL_METRICS",
@@ -37,8 +24,6 @@ __all__ = [
     "StaleVariant",
     "compare",
     "diff",
-    "stale",
-    "verify",
 ]
 
 # --fail-on names -> how to read "worse" from a pair of rows.
@@ -147,98 +132,22 @@ def diff(a: Sequence[VariantRow], b: Sequence[VariantRow]) -> DiffReport:
 
 @dataclass(frozen=True, slots=True)
 class Fault:
+    """Something ``verify`` found wrong with a stored variant or blob."""
+
     what: str  # a variant label, or an artifact sha
     key: str | None
     problem: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"what": self.what, "key": self.key, "problem": self.problem}
-
-
-def verify(store: RegistryStore, rows: Sequence[VariantRow]) -> tuple[int, list[Fault]]:
-    """Re-hash every blob and check every variant's cubin. Returns (blobs checked, faults)."""
-    faults: list[Fault] = []
-    good: dict[str, bytes] = {}
-    with store.read() as conn:
-        shas = conn.execute(select(Artifact.sha256)).scalars().all()
-        for sha in shas:
-            try:
-                good[sha] = store.blobs.read(conn, sha)
-            except BlobError as exc:
-                users = [r.label for r in rows if r.artifact_sha256 == sha]
-                what = ", ".join(users) if users else f"artifact {sha[:16]}"
-                faults.append(
-                    Fault(what, next((r.key for r in rows if r.artifact_sha256 == sha), None), exc.problem)
-                )
-    for row in rows:
-        data = good.get(row.artifact_sha256)
-        if data is None:
-            if row.artifact_sha256 not in shas:
-                faults.append(Fault(row.label, row.key, f"artifact {row.artifact_sha256[:16]} is missing"))
-            continue
-        try:
-            info = inspect_cubin(data)
-            kernel = info.kernel(row.symbol)
-        except ContractError as exc:
-            faults.append(Fault(row.label, row.key, str(exc)))
-            continue
-        arch = ARCHS.get(row.arch)
-        if arch is not None and info.sm != arch.sm:
-            faults.append(
-                Fault(row.label, row.key, f"cubin ELF is SM {info.sm}; recorded arch is {row.arch}")
-            )
-        if kernel.text_sha256 != row.text_sha256:
-            faults.append(Fault(row.label, row.key, ".text sha256 differs from the recorded one"))
-    return len(shas), faults
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
 class StaleVariant:
+    """A stored variant built from other inputs than the checkout's, and which ones changed."""
+
     row: VariantRow
     reasons: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
         return {"key": self.row.key, "variant": self.row.label, "reasons": list(self.reasons)}
-
-
-def stale(
-    store: RegistryStore,
-    rows: Sequence[VariantRow],
-    toolchain: Toolchain,
-    specs: Sequence[Spec] = (),
-) -> list[StaleVariant]:
-    """Variants built from another source closure, spec contract or toolchain than now's."""
-    with store.read() as conn:
-        sources = {
-            h: (m, f) for h, m, f in conn.execute(select(Source.hash, Source.module, Source.files_json))
-        }
-    import json
-
-    now: dict[str, Any] = {}
-    contracts = {(s.family, s.abi): s.contract_hash() for s in specs}
-    out: list[StaleVariant] = []
-    for row in rows:
-        reasons: list[str] = []
-        module, files_json = sources.get(row.source_hash, (None, "[]"))
-        if module is not None:
-            if module not in now:
-                try:
-                    now[module] = source_closure(module)
-                except ClosureError as exc:
-                    now[module] = exc
-            current = now[module]
-            if isinstance(current, ClosureError):
-                reasons.append(f"kernel module unavailable: {current}")
-            elif current.hash != row.source_hash:
-                was = dict(json.loads(files_json))
-                is_ = dict(current.files)
-                changed = sorted(m for m in was.keys() | is_.keys() if was.get(m) != is_.get(m))
-                reasons.append("source changed: " + ", ".join(changed))
-        if row.toolchain_hash != toolchain.hash:
-            reasons.append(f"toolchain changed (now {toolchain.describe()})")
-        want = contracts.get((row.family, row.abi))
-        if want is not None and want != row.spec_hash:
-            reasons.append("spec contract changed")
-        if reasons:
-            out.append(StaleVariant(row, tuple(reasons)))
-    return out

@@ -8,30 +8,30 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Connection, func, null, select
 
-from b12x_aot.compiler._variants import variant_label
+from b12x_aot.loader import VariantId
 
-from ._schema import Build, CurrentVariant, Failure, KernelRow, Source, SpecRow, Variant
+from ._records import Provenance, SourceClosure
+from ._schema import Artifact, Build, CurrentVariant, Failure, KernelRow, Source, SpecRow, Variant
 from ._schema import Toolchain as ToolchainRow
 from .errors import NoSuchVariant
-
-if TYPE_CHECKING:
-    from ._writer import Provenance
 
 __all__ = [
     "FailureRow",
     "FailureState",
     "VariantRow",
     "VariantState",
+    "artifact_shas",
     "builds",
     "current_states",
     "failure_rows",
     "find_variant",
     "latest_failures",
     "provenance_of",
+    "source_closures",
     "variant_rows",
 ]
 
@@ -105,32 +105,41 @@ def latest_failures(conn: Connection) -> dict[str, FailureState]:
     return {r[0]: FailureState(*r) for r in rows}
 
 
+_IDENTITY = frozenset({*VariantId._fields, "label"})
+
+
+class _Identified:
+    """A query row that carries a ``variant`` identity answers for its fields as well
+    (``row.key``, ``row.family``, ``row.abi``, ``row.arch``, ``row.params``, ``row.label``)."""
+
+    __slots__ = ()
+    variant: VariantId
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _IDENTITY:
+            return getattr(self.variant, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _json(self, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The identity's fields, then the row's own (its values are already JSON types)."""
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("variant", *exclude)}  # type: ignore[arg-type]
+        return {**self.variant.to_json(), **own}
+
+
 @dataclass(frozen=True, slots=True)
-class FailureRow:
+class FailureRow(_Identified):
     """A key's latest failed or rejected build attempt, for the audit CLI."""
 
-    key: str
-    family: str
-    arch: str
-    params: dict[str, Any]
+    variant: VariantId
     kind: str
     stage: str
     reason: str
     build_id: int
     log: str | None
 
-    @property
-    def label(self) -> str:
-        return variant_label(self.family, self.params, self.arch)
-
     def to_json(self) -> dict[str, Any]:
         """Everything but the log, which ``failures --log`` prints on its own."""
-        return _fields_json(self, exclude=("log",))
-
-
-def _fields_json(record: Any, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A record's fields as a JSON-ready dict (its values are already JSON types)."""
-    return {f.name: getattr(record, f.name) for f in fields(record) if f.name not in exclude}
+        return self._json(exclude=("log",))
 
 
 def _key_prefix(text: str) -> str:
@@ -147,6 +156,7 @@ def failure_rows(conn: Connection, *, key_prefix: str | None = None) -> list[Fai
     query = select(
         Failure.key,
         Failure.family,
+        Failure.abi,
         Failure.arch,
         Failure.params_json,
         Failure.kind,
@@ -158,20 +168,16 @@ def failure_rows(conn: Connection, *, key_prefix: str | None = None) -> list[Fai
     if key_prefix is not None:
         query = query.where(Failure.key.startswith(_key_prefix(key_prefix), autoescape=True))
     rows = conn.execute(query.order_by(Failure.family, Failure.key))
-    return [FailureRow(r[0], r[1], r[2], json.loads(r[3]), *r[4:]) for r in rows]
+    return [FailureRow(VariantId(r[1], r[2], r[3], json.loads(r[4]), r[0]), *r[5:]) for r in rows]
 
 
 @dataclass(frozen=True, slots=True)
-class VariantRow:
+class VariantRow(_Identified):
     """A variant with its kernel's resources, as the audit commands show it."""
 
+    variant: VariantId
     id: int
-    key: str
     build_id: int
-    family: str
-    abi: int
-    arch: str
-    params: Mapping[str, Any]
     source_hash: str
     spec_hash: str
     toolchain_hash: str
@@ -191,17 +197,11 @@ class VariantRow:
     classes: Mapping[str, int] | None
     opcodes: Mapping[str, int] | None
 
-    @property
-    def label(self) -> str:
-        return variant_label(self.family, self.params, self.arch)
-
     def to_json(self) -> dict[str, Any]:
-        return _fields_json(self)
+        return self._json()
 
 
 def _variant_query() -> Any:
-    from ._schema import Artifact
-
     return (
         select(
             Variant.id,
@@ -237,13 +237,9 @@ def _variant_query() -> Any:
 def _row(r: Any) -> VariantRow:
     sass = json.loads(r.sass_json) if r.sass_json else None
     return VariantRow(
+        variant=VariantId(r.family, r.abi, r.arch, json.loads(r.params_json), r.key),
         id=r.id,
-        key=r.key,
         build_id=r.build_id,
-        family=r.family,
-        abi=r.abi,
-        arch=r.arch,
-        params=json.loads(r.params_json),
         source_hash=r.source_hash,
         spec_hash=r.spec_hash,
         toolchain_hash=r.toolchain_hash,
@@ -357,6 +353,17 @@ def provenance_of(conn: Connection, row: VariantRow) -> dict[str, Any]:
             "ptxas_flags": kernel.ptxas_flags,
         },
     }
+
+
+def artifact_shas(conn: Connection) -> list[str]:
+    """The sha256 of every stored artifact."""
+    return list(conn.execute(select(Artifact.sha256)).scalars())
+
+
+def source_closures(conn: Connection) -> dict[str, tuple[str, SourceClosure]]:
+    """Every recorded source closure: its hash -> (kernel module, the closure's files)."""
+    rows = conn.execute(select(Source.hash, Source.module, Source.files_json))
+    return {h: (m, SourceClosure(tuple(tuple(f) for f in json.loads(files)))) for h, m, files in rows}
 
 
 def builds(conn: Connection) -> list[dict[str, Any]]:

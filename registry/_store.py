@@ -23,6 +23,8 @@ from sqlalchemy import Connection, Engine, create_engine, event, inspect, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
+from b12x_aot.loader import blob_path
+
 from ._schema import SCHEMA_VERSION, Artifact, Base, Meta
 from .errors import BlobError, RegistryNotFound, SchemaMismatch
 
@@ -76,7 +78,7 @@ class BlobStore:
 
     def path(self, sha256: str) -> Path:
         assert self.directory is not None
-        return self.directory / sha256[:2] / sha256
+        return blob_path(self.directory, sha256)
 
     def write_file(self, sha256: str, data: bytes) -> None:
         """Write a blob file atomically (temp file, fsync, rename). Idempotent."""

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from b12x_aot.compiler._variants import params_text
+from b12x_aot.loader import params_text
 
 from ._audit import Change, DiffReport, Fault, StaleVariant
 from ._queries import FailureRow, VariantRow

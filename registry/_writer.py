@@ -11,21 +11,15 @@ again.
 from __future__ import annotations
 
 import getpass
-import hashlib
-import json
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Table, delete, select, update
 
-from b12x_aot.compiler._closure import SourceClosure
-from b12x_aot.compiler._cubin import KernelResources
-from b12x_aot.compiler._sass import SassHistogram
-from b12x_aot.compiler._spec import contract_hash
-from b12x_aot.compiler._toolchain import Toolchain
+from b12x_aot.loader import canonical_json
 
+from ._records import FailureRecord, Provenance, Toolchain, VariantRecord
 from ._schema import (
     Artifact,
     Build,
@@ -39,87 +33,24 @@ from ._schema import (
 from ._schema import Toolchain as ToolchainRow
 from ._store import RegistryStore, utcnow
 
-__all__ = ["FailureRecord", "Provenance", "RegistryWriter", "VariantRecord"]
+__all__ = ["RegistryWriter"]
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-@dataclass(frozen=True, slots=True)
-class Provenance:
-    """What a variant was built from: source closure, spec contract and toolchain."""
-
-    module: str
-    source: SourceClosure
-    spec_path: str
-    spec_contract: Mapping[str, Any]
-    toolchain: Toolchain
-
-    @property
-    def source_hash(self) -> str:
-        return self.source.hash
-
-    @property
-    def spec_hash(self) -> str:
-        return contract_hash(self.spec_contract)
-
-    @property
-    def toolchain_hash(self) -> str:
-        return self.toolchain.hash
-
-
-@dataclass(frozen=True, slots=True)
-class VariantRecord:
-    key: str
-    family: str
-    abi: int
-    arch: str
-    params: Mapping[str, Any]
-    provenance: Provenance
-    artifact: bytes
-    args: tuple[Mapping[str, Any], ...]
-    launch: Mapping[str, Any]
-    dynamic_smem_bytes: int
-    resources: KernelResources
-    ptxas_version: str | None
-    ptxas_flags: str | None
-    sass: SassHistogram | None
-    compile_seconds: float | None = None
-
-    @property
-    def artifact_sha256(self) -> str:
-        return hashlib.sha256(self.artifact).hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class FailureRecord:
-    key: str
-    family: str
-    abi: int
-    arch: str
-    params: Mapping[str, Any]
-    provenance: Provenance
-    kind: str  # failed, timeout, rejected
-    stage: str
-    reason: str
-    log: str = ""
+def _insert(conn: Connection, table: Table, values: Mapping[str, Any]) -> Any:
+    """The dialect's INSERT (both SQLite and PostgreSQL have ON CONFLICT)."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    return insert(table).values(**values)
 
 
 def _insert_ignore(conn: Connection, table: Table, values: Mapping[str, Any]) -> None:
-    if conn.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    conn.execute(insert(table).values(**values).on_conflict_do_nothing())
+    conn.execute(_insert(conn, table, values).on_conflict_do_nothing())
 
 
 def _upsert_current(conn: Connection, key: str, variant_id: int) -> None:
-    if conn.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    stmt = insert(CurrentVariant.__table__).values(key=key, variant_id=variant_id)
+    stmt = _insert(conn, CurrentVariant.__table__, {"key": key, "variant_id": variant_id})
     conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"variant_id": variant_id}))
 
 
@@ -150,7 +81,7 @@ class RegistryWriter:
             conn.execute(
                 update(Build)
                 .where(Build.id == build_id)
-                .values(finished_at=utcnow(), status=status, summary_json=_dumps(summary))
+                .values(finished_at=utcnow(), status=status, summary_json=canonical_json(summary))
             )
 
     def _toolchain(self, conn: Connection, toolchain: Toolchain) -> None:
@@ -159,7 +90,7 @@ class RegistryWriter:
             ToolchainRow.__table__,
             {
                 "hash": toolchain.hash,
-                "dsl_json": _dumps(toolchain.dsl),
+                "dsl_json": canonical_json(toolchain.dsl),
                 "options": toolchain.options,
                 "created_at": utcnow(),
             },
@@ -170,7 +101,7 @@ class RegistryWriter:
         _insert_ignore(
             conn,
             Source.__table__,
-            {"hash": prov.source_hash, "module": prov.module, "files_json": _dumps(prov.source.files)},
+            {"hash": prov.source_hash, "module": prov.module, "files_json": canonical_json(prov.source.files)},
         )
         _insert_ignore(
             conn,
@@ -179,7 +110,7 @@ class RegistryWriter:
                 "hash": prov.spec_hash,
                 "family": str(prov.spec_contract["family"]),
                 "path": prov.spec_path,
-                "contract_json": _dumps(prov.spec_contract),
+                "contract_json": canonical_json(prov.spec_contract),
             },
         )
 
@@ -195,13 +126,13 @@ class RegistryWriter:
         if self.store.blobs.directory is not None:
             self.store.blobs.write_file(sha, rec.artifact)  # the blob before the row that names it
         with self.store.write() as conn:
-            self._lock_key(conn, rec.key)
+            self._lock_key(conn, rec.variant.key)
             existing = conn.execute(
                 select(
                     Variant.source_hash, Variant.spec_hash, Variant.toolchain_hash, Variant.artifact_sha256
                 )
                 .join(CurrentVariant, CurrentVariant.variant_id == Variant.id)
-                .where(CurrentVariant.key == rec.key)
+                .where(CurrentVariant.key == rec.variant.key)
             ).first()
             if existing is not None and tuple(existing) == (
                 prov.source_hash,
@@ -222,14 +153,15 @@ class RegistryWriter:
                     "created_at": utcnow(),
                 },
             )
+            v = rec.variant
             variant_id = conn.execute(
                 Variant.__table__.insert().values(
-                    key=rec.key,
+                    key=v.key,
                     build_id=build_id,
-                    family=rec.family,
-                    abi=rec.abi,
-                    arch=rec.arch,
-                    params_json=_dumps(dict(rec.params)),
+                    family=v.family,
+                    abi=v.abi,
+                    arch=v.arch,
+                    params_json=canonical_json(dict(v.params)),
                     source_hash=prov.source_hash,
                     spec_hash=prov.spec_hash,
                     toolchain_hash=prov.toolchain_hash,
@@ -243,9 +175,9 @@ class RegistryWriter:
                 KernelRow.__table__.insert().values(
                     variant_id=variant_id,
                     symbol=res.symbol,
-                    args_json=_dumps(list(rec.args)),
-                    launch_json=_dumps(dict(rec.launch)),
-                    param_table_json=_dumps([[p.ordinal, p.offset, p.size, p.log_align] for p in res.params]),
+                    args_json=canonical_json(list(rec.args)),
+                    launch_json=canonical_json(dict(rec.launch)),
+                    param_table_json=canonical_json([[p.ordinal, p.offset, p.size, p.log_align] for p in res.params]),
                     param_bytes=res.param_bytes,
                     registers=res.registers,
                     frame_bytes=res.frame_bytes,
@@ -261,31 +193,31 @@ class RegistryWriter:
                     ptxas_flags=rec.ptxas_flags,
                     spill_store_bytes=rec.sass.spill_store_bytes if rec.sass else None,
                     spill_load_bytes=rec.sass.spill_load_bytes if rec.sass else None,
-                    sass_json=_dumps(rec.sass.to_json()) if rec.sass else None,
+                    sass_json=canonical_json(rec.sass.to_json()) if rec.sass else None,
                 )
             )
-            _upsert_current(conn, rec.key, int(variant_id))
+            _upsert_current(conn, v.key, int(variant_id))
             return True
 
     def record_failure(self, build_id: int, rec: FailureRecord) -> None:
         """Record a failed or rejected variant. A rejection also stops serving the key: the
         spec now says this variant must not be used. A failure keeps serving the last good one.
         """
-        prov = rec.provenance
+        prov, v = rec.provenance, rec.variant
         with self.store.write() as conn:
             self._provenance(conn, prov)
             if rec.kind == "rejected":
-                conn.execute(delete(CurrentVariant).where(CurrentVariant.key == rec.key))
+                conn.execute(delete(CurrentVariant).where(CurrentVariant.key == v.key))
             _insert_ignore(
                 conn,
                 Failure.__table__,
                 {
-                    "key": rec.key,
+                    "key": v.key,
                     "build_id": build_id,
-                    "family": rec.family,
-                    "abi": rec.abi,
-                    "arch": rec.arch,
-                    "params_json": _dumps(dict(rec.params)),
+                    "family": v.family,
+                    "abi": v.abi,
+                    "arch": v.arch,
+                    "params_json": canonical_json(dict(v.params)),
                     "kind": rec.kind,
                     "stage": rec.stage,
                     "reason": rec.reason,

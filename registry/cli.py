@@ -20,7 +20,7 @@ from rich.console import Console
 
 from b12x_aot.loader import Manifest, ManifestError
 
-from ._audit import FAIL_METRICS, DiffReport, compare, diff, stale, verify
+from ._audit import FAIL_METRICS, DiffReport, compare, diff
 from ._maintain import export, gc, migrate
 from ._queries import VariantRow, builds, failure_rows, find_variant, provenance_of, variant_rows
 from ._store import RegistryStore
@@ -233,6 +233,8 @@ def diff_(a: str, b: str, registry: str | None, fail_on: str, as_json: bool) -> 
 @_fails
 def verify_(registry: str, as_json: bool) -> None:
     """Re-hash every blob; check each cubin's ELF arch, kernel symbol and .text hash."""
+    from b12x_aot.compiler import verify  # cubin inspection lives with the build side
+
     store = _open(registry)
     with store.read() as conn:
         rows = variant_rows(conn)
@@ -258,9 +260,7 @@ def verify_(registry: str, as_json: bool) -> None:
 @_fails
 def stale_(registry: str, spec_paths: Sequence[str], as_json: bool) -> None:
     """Variants whose source closure, toolchain (or spec) differs from this checkout."""
-    from b12x_aot.compiler._spec import load_specs
-    from b12x_aot.compiler._toolchain import current_toolchain
-    from b12x_aot.compiler.errors import CompilerError
+    from b12x_aot.compiler import CompilerError, current_toolchain, load_specs, stale
 
     try:
         specs = load_specs(spec_paths) if spec_paths else []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from b12x_aot.loader import B12xError
+
 __all__ = [
     "BlobError",
     "ManifestUnsatisfied",
@@ -12,16 +14,8 @@ __all__ = [
 ]
 
 
-class RegistryError(Exception):
+class RegistryError(B12xError):
     """Base class of registry errors."""
-
-    exit_code = 1
-
-    def format_message(self) -> str:
-        return str(self.args[0]) if self.args else type(self).__name__
-
-    def __str__(self) -> str:
-        return self.format_message()
 
 
 class RegistryNotFound(RegistryError):

@@ -104,7 +104,7 @@ def current_rows(registry: str | Path) -> list:
 @pytest.fixture
 def needs_nvdisasm() -> None:
     """Skip a test that reads SASS histograms when nvdisasm (the [sass] extra) is missing."""
-    from b12x_aot.compiler._sass import find_nvdisasm
+    from b12x_aot.compiler import find_nvdisasm
 
     if find_nvdisasm() is None:
         pytest.skip("nvdisasm is not installed (the [sass] extra)")
@@ -239,8 +239,7 @@ def family_variants(registry, family: str, arch: str) -> list:
 def checked_cubin(index: Any, entry: Any) -> Any:
     """``entry``'s stored cubin, inspected (``CubinInfo``), after the build's own launch-contract
     check runs again on it (SM, parameter table, alignment, threads, shared memory)."""
-    from b12x_aot.compiler._contract import check_contract
-    from b12x_aot.compiler._cubin import inspect_cubin
+    from b12x_aot.compiler import check_contract, inspect_cubin
 
     info = inspect_cubin(index.read_artifact(entry))
     check_contract(info, entry.symbol, entry.arch, entry.args, entry.static)

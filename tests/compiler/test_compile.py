@@ -34,13 +34,11 @@ def test_builds_all_three_archs(built_registry: Path) -> None:
 def _compile_in_fresh_process(spec_dir: Path, arch: str, scratch: Path) -> str:
     code = (
         "import sys, hashlib\n"
-        "from b12x_aot.compiler._driver import prepare_worker, compile_job, CompileJob\n"
-        "from b12x_aot.compiler._spec import load_spec\n"
-        "from b12x_aot.compiler._variants import expand\n"
+        "from b12x_aot.compiler import CompileJob, compile_job, expand, load_spec, prepare_worker\n"
         f"prepare_worker({arch!r}, {str(scratch)!r})\n"
         f"spec = load_spec({str(spec_dir / 'topk_small.yaml')!r})\n"
         f"v = expand(spec, archs=[{arch!r}])[0][0]\n"
-        "o = compile_job(CompileJob(v.key, v.label, v.arch, spec.kernel, v.params, v.args, spec.geometry.to_json(), spec.limits, '--keep-cubin --opt-level 3'))\n"
+        "o = compile_job(CompileJob.of(v))\n"
         "assert o.status == 'ok', o.log\n"
         "print(hashlib.sha256(o.cubin).hexdigest())\n"
     )

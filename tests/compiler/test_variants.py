@@ -18,20 +18,20 @@ def test_bundled_topk_spec_expands_with_constraints() -> None:
     total = 2 * 3 * 4 * 4 * 2 * 3
     assert len(accepted) + len(rejected) == total
     assert rejected and all(r.stage == "constraint" for r in rejected)
-    pruned = {(r.variant.params["hidden"], r.variant.params["cta_threads"]) for r in rejected}
+    pruned = {(r.variant.id.params["hidden"], r.variant.id.params["cta_threads"]) for r in rejected}
     assert pruned == {(3584, 128), (7168, 256)}
     keys = [v.key for v in accepted]
     assert len(set(keys)) == len(keys)
     v = accepted[0]
-    assert v.key == variant_key(family=spec.family, abi=spec.abi, arch=v.arch, params=v.params)
-    assert v.args[0].dtype == v.params["output"] and v.args[1].dtype == v.params["element"]
+    assert v.key == variant_key(family=spec.family, abi=spec.abi, arch=v.id.arch, params=v.id.params)
+    assert v.args[0].dtype == v.id.params["output"] and v.args[1].dtype == v.id.params["element"]
 
 
 def test_where_and_arch_narrow(tmp_path: Path) -> None:
     spec = load_spec(write_spec(tmp_path, "s.yaml", TOPK_SMALL))
     accepted, _ = expand(spec, archs=["sm_120a"], where={"output": "bf16"})
-    assert {v.arch for v in accepted} == {"sm_120a"}
-    assert {v.params["output"] for v in accepted} == {"bf16"}
+    assert {v.id.arch for v in accepted} == {"sm_120a"}
+    assert {v.id.params["output"] for v in accepted} == {"bf16"}
     with pytest.raises(SpecError, match="is not in this spec's matrix"):
         expand(spec, where={"hidden": "5120"})
     with pytest.raises(SpecError, match="not params of"):
@@ -46,11 +46,11 @@ def test_planner_rejects_threads_and_smem(tmp_path: Path) -> None:
     )
     spec = load_spec(write_spec(tmp_path, "s.yaml", text))
     accepted, rejected = expand(spec, where={"output": "fp32"})
-    reasons = {(r.variant.arch, r.variant.params["cta_threads"]): r for r in rejected}
+    reasons = {(r.variant.id.arch, r.variant.id.params["cta_threads"]): r for r in rejected}
     assert reasons[("sm_90a", 2048)].stage == "threads"
     assert "allows a multiple of 32 from 32 to 1024" in reasons[("sm_90a", 2048)].reason
     # 200,000 B fits sm_90a/sm_100a (227 KiB) but not sm_120a (101,376 B).
     assert reasons[("sm_120a", 128)].stage == "smem"
     assert "exceeds the sm_120a opt-in limit of 101376 B" in reasons[("sm_120a", 128)].reason
     assert ("sm_90a", 128) not in reasons
-    assert {(v.arch, v.params["cta_threads"]) for v in accepted} >= {("sm_90a", 128), ("sm_100a", 96)}
+    assert {(v.id.arch, v.id.params["cta_threads"]) for v in accepted} >= {("sm_90a", 128), ("sm_100a", 96)}

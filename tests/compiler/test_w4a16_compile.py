@@ -136,14 +136,13 @@ def test_spec_smem_and_grid_agree_with_the_kernel_modules() -> None:
         assert contract(other) == contract(spec), path
         accepted, _ = expand(other, archs=["sm_90a"])
         for v in accepted:
-            static = other.geometry.bind_static(v.params)
-            p = {k: v.params[k] for k in ("element", "k", "group", "block_m", "tile_n", "tile_k", "stages")}
-            assert static.smem == smem_bytes(**p), v.label
+            p = {k: v.id.params[k] for k in ("element", "k", "group", "block_m", "tile_n", "tile_k", "stages")}
+            assert v.static.smem == smem_bytes(**p), v.label
     assert contract(load_spec(PACK_TILES)) == contract(load_spec(ROUTE_PACK))
     v = expand(spec, archs=["sm_90a"])[0][0]
     for tokens in (-5, 0, 1, 3, 16, 33, 4096, 70000):
         for e_cap in (8, 64, 256):
-            params = {**v.params, "e_cap": e_cap}
+            params = {**v.id.params, "e_cap": e_cap}
             grid = spec.geometry.grid_of({**params, "num_tokens": tokens, "num_experts": e_cap})
             assert (
                 grid[0]

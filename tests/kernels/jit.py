@@ -22,7 +22,7 @@ def jit_launcher(kernel_class: type, entry: Any, args: list[Any]):
     import torch
     from cutlass.cute.runtime import make_ptr
 
-    from b12x_aot.kernels._base import DSL_SCALARS, dsl_dtype
+    from b12x_aot.kernels import DSL_SCALARS, dsl_dtype
 
     def convert(values: list[Any]) -> list[Any]:
         out = []

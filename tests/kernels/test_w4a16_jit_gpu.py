@@ -28,10 +28,10 @@ def test_aot_equals_jit(gpu_registry, device_arch) -> None:
         jit = aot.twin()
         pack_args = [jit.scratch, jit.ids, jit.m, jit.experts]
         gemm_args = [jit.out, jit.a, jit.w, jit.s, jit.scratch, jit.m, jit.experts]
-        jit_launcher(RoutePack, pack.kernel.entry, pack_args)(*pack_args)
+        jit_launcher(RoutePack, pack.entry, pack_args)(*pack_args)
         jit_launcher(W4A16, entry, gemm_args)(*gemm_args)
         torch.cuda.synchronize()
         assert same_bits(aot.scratch, jit.scratch), (
-            f"route_pack scratch: AOT != JIT for {pack.kernel.entry.params}"
+            f"route_pack scratch: AOT != JIT for {pack.entry.params}"
         )
         assert same_bits(aot.out, jit.out), f"w4a16: AOT != JIT for {p}"

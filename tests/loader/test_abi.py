@@ -31,11 +31,11 @@ def test_natural_alignment_and_padding() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "fragment"),
     [
-        ({"name": "p", "kind": "ptr", "dtype": "f33", "align": 16}, "dtype must be one of"),
+        ({"name": "p", "kind": "ptr", "dtype": "f33", "align": 16}, "'f33' is not a dtype"),
         ({"name": "p", "kind": "ptr", "dtype": "fp32", "align": 12}, "power of two"),
         ({"name": "p", "kind": "ptr", "dtype": "fp32", "align": 2}, "below the fp32 item size"),
         ({"name": "n", "kind": "i32", "dtype": "fp32"}, "takes no dtype"),
-        ({"name": "n", "kind": "i128"}, "kind must be one of"),
+        ({"name": "n", "kind": "i128"}, "kind: must be one of"),
         ({"name": "not ok", "kind": "i32"}, "identifier"),
         ({"name": "p", "kind": "ptr", "dtype": "fp32", "align": 4, "intent": "write"}, "intent"),
     ],

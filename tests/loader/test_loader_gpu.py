@@ -51,7 +51,7 @@ def test_load_and_miss_during_capture_raise_and_keep_the_capture(gpu_registry_pa
             registry.kernel("moe.topk_sum", 1, **{**first, "hidden": 12345})
         assert isinstance(miss.value.__cause__, VariantMissError)
         again = registry.kernel("moe.topk_sum", 1, **first)  # preloaded: no driver call
-        assert again is prepared.kernel
+        assert again.entry is prepared.entry
         prepared(out, inputs["routed"], inputs["weights"], inputs["route_ids"], m, NUM_EXPERTS)
     assert registry.stats.loads == loads
     out.fill_(float("nan"))
@@ -157,7 +157,7 @@ def test_two_devices_from_two_threads(gpu_registry, device_arch) -> None:
                     )
                     stream.synchronize()
                     assert same_bits(out, exact_reference(inputs, p))
-            results[device] = len(kernel._functions)
+            results[device] = len(kernel.devices)
         except BaseException as exc:
             errors.append(exc)
 
@@ -168,7 +168,7 @@ def test_two_devices_from_two_threads(gpu_registry, device_arch) -> None:
         t.join()
     assert not errors, errors
     kernel = gpu_registry.kernel(entry.family, entry.abi, device=0, **p)
-    assert set(kernel._functions) == {0, 1}  # one function handle per device
+    assert kernel.devices == (0, 1)  # one function handle per device
 
 
 def test_torch_custom_op_eager_graph_and_compile(gpu_registry, device_arch) -> None:

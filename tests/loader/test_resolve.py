@@ -8,17 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from b12x_aot.compiler._cubin import inspect_cubin
+from b12x_aot.compiler import inspect_cubin
 from b12x_aot.loader import (
     LaunchArgumentError,
     Manifest,
+    PreparedLaunch,
     Registry,
     RegistryFormatError,
     RequirementError,
     VariantMissError,
 )
-from b12x_aot.loader._launch import PreparedLaunch
-from b12x_aot.loader._registry import Kernel
 
 pytestmark = pytest.mark.dsl
 
@@ -87,7 +86,7 @@ def test_require_reports_every_missing_variant(built_registry: Path, monkeypatch
     misses = err.value.misses
     # Of 3 outputs x 2 topk, only (fp32, 2) and (bf16, 2) exist.
     assert len(misses) == 4
-    assert {(m.params["output"], m.params["topk"]) for m in misses} == {
+    assert {(m.variant.params["output"], m.variant.params["topk"]) for m in misses} == {
         ("fp16", 2),
         ("fp32", 8),
         ("bf16", 8),
@@ -134,8 +133,7 @@ def test_prepared_buffer_matches_the_cubin_param_table(built_registry: Path, dri
     """Launch through the real hot path and read the values back at the cubin's own offsets."""
     with Registry.open(built_registry) as reg:
         for entry in reg.entries():
-            kernel = Kernel(reg, entry, library=None, handle=None)
-            launch = PreparedLaunch(kernel, device=0, function=None, stream=7)
+            launch = PreparedLaunch(entry, device=0, function=None, stream=7)
             info = inspect_cubin(reg._index.read_artifact(entry))
             table = info.kernel(entry.symbol).params
             values = [
@@ -167,7 +165,7 @@ def test_prepared_launch_converts_tensors_and_skips_empty_grids(
 
     with Registry.open(built_registry) as reg:
         entry = reg.resolve("moe.topk_sum", 1, arch="sm_90a", **{**PARAMS, "cta_threads": 256})
-        launch = PreparedLaunch(Kernel(reg, entry, None, None), 0, None, None)
+        launch = PreparedLaunch(entry, 0, None, None)
         launch(FakeTensor(0x1000), 0x2000, FakeTensor(0x3000), 0x4000, 37, 8, stream=5)
         grid, block, _, stream, _ = driver.calls[-1]
         assert (grid, block, stream) == ((37, 1, 1), (256, 1, 1), 5)

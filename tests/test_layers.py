@@ -1,0 +1,120 @@
+"""The packages depend on each other in one direction, and no module imports in a circle.
+
+``loader`` (stdlib + cuda.bindings) <- ``registry`` and ``comm`` <- ``kernels`` (comm's layout)
+<- ``compiler``. A library module may import only the packages below it, and only their
+public API (never ``b12x_aot.<other>._private``); the CLIs may use every package's public API.
+Read from the source with ``ast``, so the rule is kept without importing anything.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+from .conftest import ROOT
+
+# package -> the packages its library modules may import
+ALLOWED: dict[str, frozenset[str]] = {
+    "loader": frozenset(),
+    "registry": frozenset({"loader"}),
+    "comm": frozenset({"loader"}),
+    "kernels": frozenset({"loader", "comm"}),
+    "compiler": frozenset({"loader", "registry", "kernels"}),
+}
+ENTRY_POINTS = ("cli.py", "__main__.py", "launch.py")
+
+
+def _modules() -> Iterator[tuple[str, Path]]:
+    for package in ALLOWED:
+        for path in sorted((ROOT / package).glob("*.py")):
+            yield package, path
+
+
+def _imports(path: Path, package: str, *, top_level_only: bool = False) -> Iterator[tuple[int, str]]:
+    """``(line, absolute module)`` of every import in ``path`` (relative ones resolved)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    nodes = _top_level(tree) if top_level_only else ast.walk(tree)
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = f"b12x_aot.{package}" if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            yield node.lineno, module
+            for alias in node.names:  # "from . import _manifest" names a module
+                yield node.lineno, f"{module}.{alias.name}"
+
+
+def _top_level(tree: ast.Module) -> Iterator[ast.stmt]:
+    """Statements that run at import, including ``if TYPE_CHECKING:`` blocks (a circle there
+    still ties two modules together), but not imports deferred into functions."""
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop()
+        yield node
+        if isinstance(node, ast.If | ast.Try):
+            pending.extend(node.body + node.orelse + getattr(node, "finalbody", []))
+
+
+def test_no_upward_or_private_cross_package_imports() -> None:
+    problems: dict[str, None] = {}  # ordered and without repeats
+    for package, path in _modules():
+        entry_point = path.name in ENTRY_POINTS
+        for line, module in _imports(path, package):
+            parts = module.split(".")
+            if parts[0] != "b12x_aot" or len(parts) < 2 or parts[1] == package:
+                continue
+            other = parts[1]
+            where = f"{path.relative_to(ROOT)}:{line}"
+            if not entry_point and other not in ALLOWED[package]:
+                problems[f"{where}: {package} must not import {other}"] = None
+            if len(parts) > 2 and parts[2].startswith("_"):
+                problems[f"{where}: imports b12x_aot.{other}.{parts[2]}, a private module of {other}"] = None
+    assert not problems, "\n".join(problems)
+
+
+def test_the_rule_catches_what_it_should(tmp_path: Path) -> None:
+    """The checker above finds an upward and a private import (so a pass means something)."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from b12x_aot.compiler import load_specs\n"
+        "def f():\n    from b12x_aot.registry._schema import Variant\n"
+    )
+    found = [m for _, m in _imports(bad, "loader")]
+    assert "b12x_aot.compiler" in found and "b12x_aot.registry._schema" in found
+
+
+def _graph() -> dict[str, set[str]]:
+    names = {f"b12x_aot.{package}.{path.stem}": (package, path) for package, path in _modules()}
+    graph: dict[str, set[str]] = {}
+    for name, (package, path) in names.items():
+        deps = set()
+        for _, module in _imports(path, package, top_level_only=True):
+            if module in names and module != name:
+                deps.add(module)
+            elif module == f"b12x_aot.{package}" or module.endswith(".__init__"):
+                deps.add(f"b12x_aot.{package}.__init__")
+        graph[name] = deps
+    return graph
+
+
+def test_no_module_imports_in_a_circle() -> None:
+    graph = _graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                cycles.append([*path[path.index(dep) :], dep])
+            elif dep not in state:
+                visit(dep, [*path, dep])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
