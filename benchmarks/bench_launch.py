@@ -163,7 +163,7 @@ def _dsl_paths(kernel, tensors, m: int, stream) -> dict:
             for a, t in zip(entry.args[:4], tensors, strict=True)
         ]
 
-    obj = TopKSum(entry.geometry, **entry.params)
+    obj = TopKSum(entry.geometry, entry.static, **entry.params)
     compiled = cute.compile(obj, *ptrs(), cutlass.Int32(m), cutlass.Int32(NUM_EXPERTS), stream)
     reused = [*ptrs(), cutlass.Int32(m), cutlass.Int32(NUM_EXPERTS), stream]
     return {

@@ -41,15 +41,6 @@ from b12x_aot.loader import Registry
 from _timing import copy_gbps, device_ms, emit
 
 TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-HEADER_WORDS = 4  # of moe.route_pack's scratch, before the block map
-
-
-def scratch_words(entry, tokens: int, experts: int) -> int:
-    """Scratch words for ``tokens`` tokens: the header, and per block of the GEMM's own registered
-    grid (x = blocks) its expert and its ``block_m`` rows."""
-    p = entry.params
-    blocks = entry.geometry.grid_of({**p, "num_tokens": tokens, "num_experts": experts})[0]
-    return HEADER_WORDS + blocks * (1 + p["block_m"])
 
 
 def resources(path: str) -> dict[str, dict]:
@@ -143,9 +134,9 @@ class Bench:
         gen = seeded(tokens, p["topk"], experts, p["k"])
         x = torch.randn(tokens, p["k"], device="cuda", generator=gen).to(elem)
         ids = routes(tokens, p["topk"], experts, gen)
-        words = scratch_words(entry, tokens, experts)
-        scratch = torch.empty(words, device="cuda", dtype=torch.int32)
-        out = torch.empty(tokens, p["topk"], p["n"], device="cuda", dtype=TORCH[p["output"]])
+        shapes = gemm.shapes(num_tokens=tokens, num_experts=experts)
+        scratch = torch.empty(shapes["scratch"], device="cuda", dtype=torch.int32)
+        out = torch.empty(shapes["out"], device="cuda", dtype=TORCH[p["output"]])
         pack.checked(scratch, ids, tokens, experts)
         gemm.checked(out, x, w, s, scratch, tokens, experts)
         torch.cuda.synchronize()

@@ -59,7 +59,9 @@ def verify(store: RegistryStore, rows: Sequence[VariantRow]) -> tuple[int, list[
             continue
         arch = ARCHS.get(row.arch)
         if arch is not None and info.sm != arch.sm:
-            faults.append(Fault(row.label, row.key, f"cubin ELF is SM {info.sm}; recorded arch is {row.arch}"))
+            faults.append(
+                Fault(row.label, row.key, f"cubin ELF is SM {info.sm}; recorded arch is {row.arch}")
+            )
         if kernel.text_sha256 != row.text_sha256:
             faults.append(Fault(row.label, row.key, ".text sha256 differs from the recorded one"))
     return len(shas), faults

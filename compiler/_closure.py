@@ -62,7 +62,9 @@ def _read(module: str, path: Path) -> tuple[bytes, ast.AST]:
     try:
         source = path.read_bytes()
     except OSError as exc:
-        raise ClosureError(f"cannot read {path} (module {module}) for its source hash: {exc.strerror}") from None
+        raise ClosureError(
+            f"cannot read {path} (module {module}) for its source hash: {exc.strerror}"
+        ) from None
     try:
         return source, ast.parse(source, filename=str(path))
     except SyntaxError as exc:

@@ -123,7 +123,7 @@ def _compile(job: CompileJob) -> tuple[bytes, str]:
 
     module_name, _, class_name = job.kernel.partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
-    kernel = cls(job.geometry, **job.variant.params)
+    kernel = cls(job.geometry, job.static, **job.variant.params)
     compiled = cute.compile(
         kernel, *_placeholders(job.args), cuda.CUstream(0), options=f"--gpu-arch {job.arch} {job.options}"
     )

@@ -49,6 +49,7 @@ class _ArgModel(_Strict):
     dtype: StrictStr | None = None
     align: StrictInt | None = None
     intent: Literal["in", "out", "inout"] = "in"
+    shape: list[ExprSource] | None = Field(default=None, min_length=1)
 
 
 class _LaunchModel(_Strict):
@@ -56,6 +57,7 @@ class _LaunchModel(_Strict):
     block: list[ExprSource] = Field(min_length=3, max_length=3)
     smem: ExprSource = 0
     cluster: list[ExprSource] | None = Field(default=None, min_length=3, max_length=3)
+    requires: list[StrictStr] = []
 
 
 class _LimitsModel(_Strict):
@@ -86,6 +88,7 @@ class ArgTemplate:
     dtype: str | None
     align: int | None
     intent: str
+    shape: tuple[str, ...] | None = None
 
     @property
     def template_param(self) -> str | None:
@@ -96,7 +99,7 @@ class ArgTemplate:
     def resolve(self, params: Mapping[str, Any]) -> Arg:
         param = self.template_param
         dtype = str(params[param]) if param is not None else self.dtype
-        return Arg(self.name, self.kind, dtype, self.align, self.intent)
+        return Arg(self.name, self.kind, dtype, self.align, self.intent, self.shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,12 +278,16 @@ def _validate(
             faults.add((*where, "name"), f"argument {arg.name!r} is declared twice")
         if arg.name in model.params:
             faults.add((*where, "name"), f"argument {arg.name!r} has the name of a param")
-        template = ArgTemplate(arg.name, arg.kind, arg.dtype, arg.align, arg.intent)
+        shape = tuple(str(d) for d in arg.shape) if arg.shape is not None else None
+        template = ArgTemplate(arg.name, arg.kind, arg.dtype, arg.align, arg.intent, shape)
         _check_arg(template, where, model.params, faults)
         templates.append(template)
 
     params = list(model.params)
     scalars = [a.name for a in model.args if a.kind != "ptr"]
+    for i, arg in enumerate(model.args):
+        for d, dim in enumerate(arg.shape or ()):
+            faults.expr(("args", i, "shape", d), dim, params + scalars)
     constraints = [
         e for i, c in enumerate(model.constraints) if (e := faults.expr(("constraints", i), c, params))
     ]
@@ -293,9 +300,18 @@ def _validate(
         if launch.cluster is not None
         else None
     )
+    requires = [
+        faults.expr(("launch", "requires", i), r, params + scalars) for i, r in enumerate(launch.requires)
+    ]
     geometry = None
-    if all(grid) and all(block) and smem and (cluster is None or all(cluster)):
-        geometry = Geometry(tuple(grid), tuple(block), smem, tuple(cluster) if cluster else None)  # type: ignore[arg-type]
+    if all(grid) and all(block) and smem and (cluster is None or all(cluster)) and all(requires):
+        geometry = Geometry(
+            tuple(grid),  # type: ignore[arg-type]
+            tuple(block),  # type: ignore[arg-type]
+            smem,
+            tuple(cluster) if cluster else None,  # type: ignore[arg-type]
+            tuple(requires),  # type: ignore[arg-type]
+        )
     return tuple(templates), geometry, constraints
 
 

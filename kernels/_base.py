@@ -1,9 +1,11 @@
 """What every registry kernel shares: DSL element types and the spec-driven launch.
 
-A registry kernel is a class constructed as ``Kernel(geometry, **params)``. Its ``@cute.jit``
-``__call__`` takes the spec's arguments in order (``cute.Pointer`` and integer scalars) and a
-stream, and launches with :meth:`AotKernel.launch_config`, so the geometry the DSL compiles
-in is exactly the spec's, the same that the loader evaluates at launch.
+A registry kernel is a class constructed as ``Kernel(geometry, static, **params)``: the spec's
+launch geometry, its static part (block, shared memory, cluster) as the planner evaluated it
+once for these params, and the params. Its ``@cute.jit`` ``__call__`` takes the spec's
+arguments in order (``cute.Pointer`` and integer scalars) and a stream, and launches with
+:meth:`AotKernel.launch_config`, so the geometry the DSL compiles in is exactly the spec's,
+the same that the loader evaluates at launch.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cutlass_dsl import BaseDSL
 
-from b12x_aot.loader import Geometry
+from b12x_aot.loader import Geometry, StaticGeometry
 
 __all__ = ["DSL_DTYPES", "DSL_SCALARS", "AotKernel", "dsl_dtype"]
 
@@ -60,10 +62,10 @@ def dsl_dtype(name: str) -> type:
 class AotKernel:
     """Base class of registry kernels: keeps the params and the spec's launch geometry."""
 
-    def __init__(self, geometry: Geometry, **params: Any) -> None:
+    def __init__(self, geometry: Geometry, static: StaticGeometry, **params: Any) -> None:
         self.geometry = geometry
+        self.static = static
         self.params = dict(params)
-        self.static = geometry.bind_static(self.params)
 
     def launch_config(self, **runtime: Any) -> dict[str, Any]:
         """``grid``, ``block`` and ``smem`` for ``.launch()``, from the spec's expressions."""

@@ -1,8 +1,9 @@
 """Single PTX instructions the CuTe DSL does not expose in the form the kernels need.
 
-Each wrapper emits exactly one instruction. Pure ones (no side effects) let LLVM schedule and
-deduplicate them; the shared-memory reads are marked as having side effects so they never move
-across a barrier.
+Each wrapper emits exactly one instruction, or one tight block where a single operation needs a
+few (a predicate test, a spin loop). Pure ones (no side effects) let LLVM schedule and
+deduplicate them; memory accesses are marked as having side effects and clobbering memory so
+they never move across a barrier, a fence or each other.
 """
 
 from __future__ import annotations
@@ -13,7 +14,30 @@ from cutlass import Float32, Int32, Int64, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-__all__ = ["asm_u32", "cp_async_16_l2_256", "ldmatrix_x4", "prmt", "wgmma_rs"]
+__all__ = [
+    "add_rn_f32",
+    "asm_u32",
+    "atom_add_acq_rel_gpu_u32",
+    "atom_cas_relaxed_sys_b32",
+    "bar_red_or",
+    "bf16x2_to_f32",
+    "cp_async_16_l2_256",
+    "cvt_rn_bf16x2_f32",
+    "cvt_rn_f16x2_f32",
+    "f16x2_to_f32",
+    "fence_acq_rel_sys",
+    "ld_cg_v4",
+    "ld_relaxed_gpu_u32",
+    "ld_relaxed_gpu_u64",
+    "ldmatrix_x4",
+    "prmt",
+    "st_relaxed_gpu_u32",
+    "st_relaxed_sys_u32",
+    "st_release_sys_u32",
+    "st_v4",
+    "wait_flag_acquire_sys",
+    "wgmma_rs",
+]
 
 
 def _asm(result: Any, operands: list[Any], ptx: str, constraints: str, *, pure: bool, loc, ip) -> Any:
@@ -112,3 +136,200 @@ def wgmma_rs(
         llvm.StructType.get_literal([T.f32()] * count), values, ptx, constraints, pure=False, loc=loc, ip=ip
     )
     return [Float32(llvm.extractvalue(T.f32(), result, [i], loc=loc, ip=ip)) for i in range(count)]
+
+
+# --- fp32 arithmetic and conversions with a fixed rounding ---------------------------------
+
+
+@dsl_user_op
+def add_rn_f32(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """``add.rn.f32``: one correctly rounded add. As inline PTX no pass can reassociate it or
+    contract it with a multiply, so a chain of these is a fixed summation order (pure)."""
+    values = [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)]
+    return Float32(_asm(T.f32(), values, "add.rn.f32 $0, $1, $2;", "=f,f,f", pure=True, loc=loc, ip=ip))
+
+
+def _unpack_f32x2(packed: Uint32, ptx: str, loc, ip) -> tuple[Float32, Float32]:
+    result = _asm(
+        llvm.StructType.get_literal([T.f32()] * 2),
+        [Uint32(packed).ir_value(loc=loc, ip=ip)],
+        ptx,
+        "=f,=f,r",
+        pure=True,
+        loc=loc,
+        ip=ip,
+    )
+    return tuple(Float32(llvm.extractvalue(T.f32(), result, [i], loc=loc, ip=ip)) for i in range(2))
+
+
+@dsl_user_op
+def bf16x2_to_f32(packed: Uint32, *, loc=None, ip=None) -> tuple[Float32, Float32]:
+    """The two bf16 halves of ``packed`` as fp32 ``(low, high)``: exact, bf16 being the top half
+    of an fp32 (``shl`` and ``and``; pure)."""
+    return _unpack_f32x2(packed, "shl.b32 $0, $2, 16;\n\tand.b32 $1, $2, 0xffff0000;", loc, ip)
+
+
+@dsl_user_op
+def f16x2_to_f32(packed: Uint32, *, loc=None, ip=None) -> tuple[Float32, Float32]:
+    """The two fp16 halves of ``packed`` as fp32 ``(low, high)``: two exact ``cvt.f32.f16`` (pure)."""
+    ptx = "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }"
+    return _unpack_f32x2(packed, ptx, loc, ip)
+
+
+def _pack_x2(op: str, hi: Float32, lo: Float32, loc, ip) -> Uint32:
+    values = [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)]
+    return Uint32(_asm(T.i32(), values, f"{op} $0, $1, $2;", "=r,f,f", pure=True, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def cvt_rn_bf16x2_f32(hi: Float32, lo: Float32, *, loc=None, ip=None) -> Uint32:
+    """``cvt.rn.bf16x2.f32``: ``hi`` and ``lo`` rounded once, to nearest even, into the high and
+    low bf16 halves of one word (pure)."""
+    return _pack_x2("cvt.rn.bf16x2.f32", hi, lo, loc, ip)
+
+
+@dsl_user_op
+def cvt_rn_f16x2_f32(hi: Float32, lo: Float32, *, loc=None, ip=None) -> Uint32:
+    """``cvt.rn.f16x2.f32``: ``hi`` and ``lo`` rounded once, to nearest even, into the high and
+    low fp16 halves of one word (pure)."""
+    return _pack_x2("cvt.rn.f16x2.f32", hi, lo, loc, ip)
+
+
+# --- global memory: 16-byte data moves and the ordered accesses of cross-GPU barriers ---------
+# Addresses are 64-bit global addresses (``Pointer.toint()`` plus byte offsets), possibly into
+# a peer GPU's memory mapped into this process.
+
+
+@dsl_user_op
+def ld_cg_v4(addr: Int64, *, loc=None, ip=None) -> tuple[Uint32, Uint32, Uint32, Uint32]:
+    """``ld.global.cg.v4.u32``: 16 bytes cached in L2 only, so a line another GPU (or another
+    kernel) wrote is never served stale from this SM's L1."""
+    result = _asm(
+        llvm.StructType.get_literal([T.i32()] * 4),
+        [Int64(addr).ir_value(loc=loc, ip=ip)],
+        "ld.global.cg.v4.u32 {$0, $1, $2, $3}, [$4];",
+        "=r,=r,=r,=r,l,~{memory}",
+        pure=False,
+        loc=loc,
+        ip=ip,
+    )
+    return tuple(Uint32(llvm.extractvalue(T.i32(), result, [i], loc=loc, ip=ip)) for i in range(4))
+
+
+@dsl_user_op
+def st_v4(addr: Int64, words: tuple[Uint32, Uint32, Uint32, Uint32], *, loc=None, ip=None) -> None:
+    """``st.global.v4.u32``: one 16-byte store (a weak store: publish it with a release)."""
+    values = [Int64(addr).ir_value(loc=loc, ip=ip), *(Uint32(w).ir_value(loc=loc, ip=ip) for w in words)]
+    ptx = "st.global.v4.u32 [$0], {$1, $2, $3, $4};"
+    _asm(None, values, ptx, "l,r,r,r,r,~{memory}", pure=False, loc=loc, ip=ip)
+
+
+def _load(kind: type, ptx: str, reg: str, addr: Int64, loc, ip) -> Any:
+    ir_type = T.i64() if kind is Int64 else T.i32()
+    values = [Int64(addr).ir_value(loc=loc, ip=ip)]
+    return kind(_asm(ir_type, values, ptx, f"={reg},l,~{{memory}}", pure=False, loc=loc, ip=ip))
+
+
+def _store(ptx: str, addr: Int64, value: Uint32, loc, ip) -> None:
+    values = [Int64(addr).ir_value(loc=loc, ip=ip), Uint32(value).ir_value(loc=loc, ip=ip)]
+    _asm(None, values, ptx, "l,r,~{memory}", pure=False, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def ld_relaxed_gpu_u32(addr: Int64, *, loc=None, ip=None) -> Uint32:
+    """``ld.relaxed.gpu.global.u32``: a coherent 32-bit read (never a stale L1 line)."""
+    return _load(Uint32, "ld.relaxed.gpu.global.u32 $0, [$1];", "r", addr, loc, ip)
+
+
+@dsl_user_op
+def ld_relaxed_gpu_u64(addr: Int64, *, loc=None, ip=None) -> Int64:
+    """``ld.relaxed.gpu.global.u64``: a coherent 64-bit read (never a stale L1 line)."""
+    return _load(Int64, "ld.relaxed.gpu.global.u64 $0, [$1];", "l", addr, loc, ip)
+
+
+@dsl_user_op
+def st_relaxed_gpu_u32(addr: Int64, value: Uint32, *, loc=None, ip=None) -> None:
+    """``st.relaxed.gpu.global.u32``: a coherent 32-bit write, seen by later kernels."""
+    _store("st.relaxed.gpu.global.u32 [$0], $1;", addr, value, loc, ip)
+
+
+@dsl_user_op
+def st_relaxed_sys_u32(addr: Int64, value: Uint32, *, loc=None, ip=None) -> None:
+    """``st.relaxed.sys.global.u32``: a 32-bit write coherent with the host and other GPUs."""
+    _store("st.relaxed.sys.global.u32 [$0], $1;", addr, value, loc, ip)
+
+
+@dsl_user_op
+def st_release_sys_u32(addr: Int64, value: Uint32, *, loc=None, ip=None) -> None:
+    """``st.release.sys.global.u32``: a 32-bit write that whoever acquires it at system scope sees
+    after everything this thread (and, cumulatively, its CTA before a barrier) wrote earlier."""
+    _store("st.release.sys.global.u32 [$0], $1;", addr, value, loc, ip)
+
+
+@dsl_user_op
+def fence_acq_rel_sys(*, loc=None, ip=None) -> None:
+    """``fence.acq_rel.sys``: orders this thread's earlier memory accesses, local and remote,
+    before its later ones for observers anywhere in the system."""
+    _asm(None, [], "fence.acq_rel.sys;", "~{memory}", pure=False, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def atom_add_acq_rel_gpu_u32(addr: Int64, value: Uint32, *, loc=None, ip=None) -> Uint32:
+    """``atom.acq_rel.gpu.global.add.u32``: adds ``value``; returns the old word."""
+    values = [Int64(addr).ir_value(loc=loc, ip=ip), Uint32(value).ir_value(loc=loc, ip=ip)]
+    ptx = "atom.acq_rel.gpu.global.add.u32 $0, [$1], $2;"
+    return Uint32(_asm(T.i32(), values, ptx, "=r,l,r,~{memory}", pure=False, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def atom_cas_relaxed_sys_b32(addr: Int64, expected: Uint32, desired: Uint32, *, loc=None, ip=None) -> Uint32:
+    """``atom.relaxed.sys.global.cas.b32``: writes ``desired`` if the word is ``expected``;
+    returns the old word (so the caller knows whether it won)."""
+    values = [Int64(addr).ir_value(loc=loc, ip=ip)]
+    values += [Uint32(expected).ir_value(loc=loc, ip=ip), Uint32(desired).ir_value(loc=loc, ip=ip)]
+    ptx = "atom.relaxed.sys.global.cas.b32 $0, [$1], $2, $3;"
+    return Uint32(_asm(T.i32(), values, ptx, "=r,l,r,r,~{memory}", pure=False, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def wait_flag_acquire_sys(addr: Int64, target: Uint32, timeout_ns: Int64, *, loc=None, ip=None) -> Int32:
+    """Spin with ``ld.acquire.sys`` until the u32 at ``addr`` has reached ``target``; 1 if
+    ``timeout_ns`` of ``%globaltimer`` passed first, else 0.
+
+    "Reached" is the wrap-safe ``(int)(seen - target) >= 0``, so a flag already one generation
+    ahead also passes. The flag is checked before the clock, so even a zero timeout passes a
+    flag that is set. Labels carry LLVM's per-instance ``${:uid}``, so the block may be inlined
+    any number of times.
+    """
+    ptx = (
+        "{\n\t"
+        ".reg .pred p;\n\t.reg .b32 seen;\n\t.reg .b64 t0, t1;\n\t"
+        "mov.u64 t0, %globaltimer;\n"
+        "L_wait_${:uid}:\n\t"
+        "ld.acquire.sys.global.u32 seen, [$1];\n\t"
+        "sub.u32 seen, seen, $2;\n\t"
+        "setp.ge.s32 p, seen, 0;\n\t"
+        "@p bra L_done_${:uid};\n\t"
+        "mov.u64 t1, %globaltimer;\n\t"
+        "sub.u64 t1, t1, t0;\n\t"
+        "setp.lt.u64 p, t1, $3;\n\t"
+        "@p bra L_wait_${:uid};\n\t"
+        "mov.u32 $0, 1;\n\t"
+        "bra L_end_${:uid};\n"
+        "L_done_${:uid}:\n\t"
+        "mov.u32 $0, 0;\n"
+        "L_end_${:uid}:\n\t"
+        "}"
+    )
+    values = [Int64(addr).ir_value(loc=loc, ip=ip), Uint32(target).ir_value(loc=loc, ip=ip)]
+    values.append(Int64(timeout_ns).ir_value(loc=loc, ip=ip))
+    return Int32(_asm(T.i32(), values, ptx, "=r,l,r,l,~{memory}", pure=False, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def bar_red_or(pred: Int32, *, loc=None, ip=None) -> Int32:
+    """``bar.red.or.pred`` on barrier 0: a CTA-wide barrier that returns 1 to every thread if
+    ``pred`` was non-zero in any of them, else 0. All threads of the CTA must call it."""
+    ptx = "{ .reg .pred p; setp.ne.s32 p, $1, 0; bar.red.or.pred p, 0, p; selp.s32 $0, 1, 0, p; }"
+    values = [Int32(pred).ir_value(loc=loc, ip=ip)]
+    return Int32(_asm(T.i32(), values, ptx, "=r,r,~{memory}", pure=False, loc=loc, ip=ip))

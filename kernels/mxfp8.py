@@ -40,8 +40,8 @@ ROUNDINGS = ("floor", "ceil")
 
 
 class Mxfp8Quant(AotKernel):
-    def __init__(self, geometry, *, dtype: str, K: int, rounding: str, cta_threads: int):
-        super().__init__(geometry, dtype=dtype, K=K, rounding=rounding, cta_threads=cta_threads)
+    def __init__(self, geometry, static, *, dtype: str, K: int, rounding: str, cta_threads: int):
+        super().__init__(geometry, static, dtype=dtype, K=K, rounding=rounding, cta_threads=cta_threads)
         if dtype not in ("bf16", "fp16"):
             raise ValueError(f"dtype must be bf16 or fp16 (got {dtype!r})")
         if K <= 0 or K % BLOCK:

@@ -18,8 +18,8 @@ Buckets are laid out in expert order with the zero bucket last; each bucket take
 ``cdiv(count, block_m)`` whole blocks, so only its last block has padding rows. Within a bucket
 routes keep ascending route order (a stable counting sort), so the output is a pure function
 of the inputs: deterministic, and bit-identical between eager launches and graph replays.
-The required scratch is ``scratch_words(max_tokens, topk, block_m, e_cap)`` i32 words; entries
-past the used blocks are left untouched.
+The required scratch is the spec's ``scratch`` shape for ``max_tokens`` (``kernel.shapes()``),
+``4 + B * (1 + block_m)`` i32 words; entries past the used blocks are left untouched.
 
 One CTA does it all, in two passes over ``route_ids`` around a scan: each warp owns a
 contiguous segment of routes and counts them per bucket into its own shared histogram row
@@ -40,24 +40,13 @@ from b12x_aot.loader import cdiv
 
 from ._base import AotKernel
 
-__all__ = ["HEADER_WORDS", "RoutePack", "max_blocks", "scratch_bounds", "scratch_words"]
+__all__ = ["HEADER_WORDS", "RoutePack", "scratch_bounds"]
 
 HEADER_WORDS = 4
 
 
-def max_blocks(num_tokens: int, topk: int, block_m: int, e_cap: int) -> int:
-    """Blocks that route packing may use for ``num_tokens`` tokens: the GEMM's grid bound."""
-    routes = max(num_tokens, 0) * topk
-    return cdiv(routes, block_m) + min(routes, e_cap + 1)
-
-
-def scratch_words(num_tokens: int, topk: int, block_m: int, e_cap: int) -> int:
-    """i32 words of scratch that ``num_tokens`` (or fewer) tokens need; monotone in tokens."""
-    return HEADER_WORDS + max_blocks(num_tokens, topk, block_m, e_cap) * (1 + block_m)
-
-
 def scratch_bounds(num_tokens: Int32, num_experts: Int32, *, topk: int, block_m: int, e_cap: int):
-    """Traced :func:`max_blocks`, for the kernels that write and read the scratch: the routes
+    """The scratch bounds, traced, for the kernels that write and read the scratch: the routes
     ``R``, the resident experts ``min(num_experts, e_cap)`` (both clamped at 0) and ``B``."""
     routes = cutlass.max(num_tokens, Int32(0)) * topk
     live = cutlass.min(cutlass.max(num_experts, Int32(0)), Int32(e_cap))
@@ -66,8 +55,8 @@ def scratch_bounds(num_tokens: Int32, num_experts: Int32, *, topk: int, block_m:
 
 
 class RoutePack(AotKernel):
-    def __init__(self, geometry, *, topk: int, block_m: int, e_cap: int, cta_threads: int):
-        super().__init__(geometry, topk=topk, block_m=block_m, e_cap=e_cap, cta_threads=cta_threads)
+    def __init__(self, geometry, static, *, topk: int, block_m: int, e_cap: int, cta_threads: int):
+        super().__init__(geometry, static, topk=topk, block_m=block_m, e_cap=e_cap, cta_threads=cta_threads)
         self.topk = topk
         self.block_m = block_m
         self.e_cap = e_cap

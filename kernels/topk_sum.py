@@ -24,9 +24,17 @@ __all__ = ["TopKSum"]
 
 
 class TopKSum(AotKernel):
-    def __init__(self, geometry, *, element: str, output: str, topk: int, hidden: int, cta_threads: int):
+    def __init__(
+        self, geometry, static, *, element: str, output: str, topk: int, hidden: int, cta_threads: int
+    ):
         super().__init__(
-            geometry, element=element, output=output, topk=topk, hidden=hidden, cta_threads=cta_threads
+            geometry,
+            static,
+            element=element,
+            output=output,
+            topk=topk,
+            hidden=hidden,
+            cta_threads=cta_threads,
         )
         self.element = dsl_dtype(element)
         self.output = dsl_dtype(output)

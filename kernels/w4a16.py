@@ -70,6 +70,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
     def __init__(
         self,
         geometry,
+        static,
         *,
         element: str,
         output: str,
@@ -86,6 +87,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
     ):
         super().__init__(
             geometry,
+            static,
             element=element,
             output=output,
             topk=topk,

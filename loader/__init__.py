@@ -13,6 +13,7 @@ build it.
 """
 
 from ._abi import DTYPES, SCALAR_KINDS, Arg, DType, ParamLayout, ScalarKind
+from ._checks import Buffer, UncheckedSizeWarning
 from ._cuda import check, current_device, ensure_init
 from ._expr import Expr, cdiv
 from ._geometry import Geometry, StaticGeometry
@@ -54,6 +55,7 @@ __all__ = [
     "Arg",
     "ArgError",
     "B12xError",
+    "Buffer",
     "CaptureError",
     "CudaError",
     "DType",
@@ -77,6 +79,7 @@ __all__ = [
     "RequirementError",
     "ScalarKind",
     "StaticGeometry",
+    "UncheckedSizeWarning",
     "VariantId",
     "VariantMissError",
     "arch_of",

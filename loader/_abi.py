@@ -92,13 +92,16 @@ class _ArgFields(NamedTuple):
     dtype: str | None
     align: int | None
     intent: str
+    shape: tuple[str, ...] | None  # expression sources over params and scalar args
 
 
 class Arg(_ArgFields):
     """One kernel parameter, resolved for a variant (no templates left).
 
-    A pointer has an element ``dtype``, the byte ``align`` that the kernel assumes, and an
-    ``intent`` saying whether the kernel reads it, writes it or both. A scalar has only a kind.
+    A pointer has an element ``dtype``, the byte ``align`` that the kernel assumes, an
+    ``intent`` saying whether the kernel reads it, writes it or both, and optionally its
+    ``shape``: one expression per dimension, over the variant's params and the launch's scalar
+    arguments (parsed by the caller; ``_expr`` depends on this module). A scalar has only a kind.
     Construction validates every field and raises :class:`ArgError` naming the bad one: this
     is the one validator of argument declarations (specs are checked through it too).
     """
@@ -106,9 +109,17 @@ class Arg(_ArgFields):
     __slots__ = ()
 
     def __new__(
-        cls, name: str, kind: str, dtype: str | None = None, align: int | None = None, intent: str = "in"
+        cls,
+        name: str,
+        kind: str,
+        dtype: str | None = None,
+        align: int | None = None,
+        intent: str = "in",
+        shape: tuple[str, ...] | None = None,
     ) -> Arg:
-        self = super().__new__(cls, name, kind, dtype, align, intent)
+        if shape is not None:
+            shape = tuple(str(d) for d in shape)
+        self = super().__new__(cls, name, kind, dtype, align, intent, shape)
         self._validate()
         return self
 
@@ -120,7 +131,9 @@ class Arg(_ArgFields):
             if self.dtype is None:
                 raise ArgError(self.name, "dtype", "a ptr argument needs a dtype")
             if self.dtype not in DTYPES:
-                raise ArgError(self.name, "dtype", f"{self.dtype!r} is not a dtype; valid: {', '.join(DTYPES)}")
+                raise ArgError(
+                    self.name, "dtype", f"{self.dtype!r} is not a dtype; valid: {', '.join(DTYPES)}"
+                )
             if self.align is None:
                 raise ArgError(self.name, "align", "a ptr argument needs an align (bytes, a power of two)")
             if self.align <= 0 or self.align & (self.align - 1):
@@ -133,9 +146,11 @@ class Arg(_ArgFields):
                 )
             if self.intent not in INTENTS:
                 raise ArgError(self.name, "intent", f"must be one of {INTENTS} (got {self.intent!r})")
+            if self.shape is not None and not self.shape:
+                raise ArgError(self.name, "shape", "needs at least one dimension (leave it out for none)")
         elif self.kind in SCALAR_KINDS:
-            if self.dtype is not None or self.align is not None:
-                raise ArgError(self.name, "", f"a {self.kind} scalar takes no dtype or align")
+            if self.dtype is not None or self.align is not None or self.shape is not None:
+                raise ArgError(self.name, "", f"a {self.kind} scalar takes no dtype, align or shape")
             if self.intent != "in":
                 raise ArgError(self.name, "intent", f"a scalar is always intent 'in' (got {self.intent!r})")
         else:
@@ -159,16 +174,20 @@ class Arg(_ArgFields):
         out: dict[str, object] = {"name": self.name, "kind": self.kind}
         if self.is_pointer:
             out.update(dtype=self.dtype, align=self.align, intent=self.intent)
+            if self.shape is not None:
+                out["shape"] = list(self.shape)
         return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> Arg:
+        shape = data.get("shape")
         return cls(
             name=str(data["name"]),
             kind=str(data["kind"]),
             dtype=data.get("dtype"),  # type: ignore[arg-type]
             align=data.get("align"),  # type: ignore[arg-type]
             intent=str(data.get("intent", "in")),
+            shape=tuple(shape) if shape is not None else None,  # type: ignore[arg-type]
         )
 
 

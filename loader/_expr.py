@@ -174,15 +174,84 @@ def _closure(node: ast.AST, constants: Mapping[str, Any], positions: Mapping[str
         if not callable(right):
             return lambda a: op(left(a), right)
         return lambda a: op(left(a), right(a))
+    if isinstance(node, ast.Compare) and len(node.ops) == 1:
+        cmp = _COMPARE[type(node.ops[0])]
+        left = _closure(node.left, constants, positions)
+        right = _closure(node.comparators[0], constants, positions)
+        if not callable(left):
+            return lambda a: cmp(left, right(a))
+        if not callable(right):
+            return lambda a: cmp(left(a), right)
+        return lambda a: cmp(left(a), right(a))
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
         func = _FUNCTIONS[node.func.id]
         parts = [_closure(arg, constants, positions) for arg in node.args]
         getters = [p if callable(p) else (lambda _a, v=p: v) for p in parts]
         return lambda a: func(*(g(a) for g in getters))
-    # Rare shapes (comparisons, conditionals) fall back to walking the tree per call.
+    # Rare shapes (chained comparisons, conditionals) fall back to walking the tree per call.
     names = sorted(free & positions.keys())
     index = [(n, positions[n]) for n in names]
     return lambda a: _walk(node, {**constants, **{n: a[i] for n, i in index}})
+
+
+_SYMBOLS: Mapping[type, str] = {
+    ast.Add: "+",
+    ast.Sub: "-",
+    ast.Mult: "*",
+    ast.FloorDiv: "//",
+    ast.Mod: "%",
+    ast.LShift: "<<",
+    ast.RShift: ">>",
+    ast.USub: "-",
+    ast.UAdd: "+",
+    ast.Not: "not ",
+    ast.Eq: "==",
+    ast.NotEq: "!=",
+    ast.Lt: "<",
+    ast.LtE: "<=",
+    ast.Gt: ">",
+    ast.GtE: ">=",
+    ast.And: " and ",
+    ast.Or: " or ",
+}
+_EMITTED_CALLS = {"cdiv": "_cdiv", "min": "min", "max": "max"}  # names the caller binds
+
+
+def _python(node: ast.AST, constants: Mapping[str, Any], positions: Mapping[str, int]) -> str | None:
+    """Python source for ``node``: params folded to int or bool literals, runtime names as the
+    positional parameters ``a{i}``, operators from ``_SYMBOLS``. None where it cannot (a string
+    value, ``in``, ``sizeof`` of a runtime name): the caller then uses :func:`_closure`."""
+    free = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id not in _FUNCTIONS}
+    if not free & positions.keys():
+        value = _walk(node, constants)
+        return repr(value) if value.__class__ in (int, bool) else None
+    if isinstance(node, ast.Name):
+        return f"a{positions[node.id]}"
+    parts: list[str | None]
+    if isinstance(node, ast.BinOp):
+        parts = [_python(node.left, constants, positions), _python(node.right, constants, positions)]
+        return None if None in parts else f"({parts[0]} {_SYMBOLS[type(node.op)]} {parts[1]})"
+    if isinstance(node, ast.UnaryOp):
+        inner = _python(node.operand, constants, positions)
+        return None if inner is None else f"({_SYMBOLS[type(node.op)]}{inner})"
+    if isinstance(node, ast.BoolOp):
+        parts = [_python(v, constants, positions) for v in node.values]
+        return None if None in parts else "(" + _SYMBOLS[type(node.op)].join(parts) + ")"  # type: ignore[arg-type]
+    if isinstance(node, ast.Compare) and not any(isinstance(op, ast.In | ast.NotIn) for op in node.ops):
+        parts = [_python(n, constants, positions) for n in (node.left, *node.comparators)]
+        if None in parts:
+            return None
+        chain = [parts[0]]
+        for op, right in zip(node.ops, parts[1:], strict=True):
+            chain += [_SYMBOLS[type(op)], right]
+        return "(" + " ".join(chain) + ")"  # type: ignore[arg-type]
+    if isinstance(node, ast.IfExp):
+        parts = [_python(n, constants, positions) for n in (node.body, node.test, node.orelse)]
+        return None if None in parts else f"({parts[0]} if {parts[1]} else {parts[2]})"
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _EMITTED_CALLS:
+        parts = [_python(arg, constants, positions) for arg in node.args]
+        return None if None in parts else f"{_EMITTED_CALLS[node.func.id]}({', '.join(parts)})"  # type: ignore[arg-type]
+    return None
 
 
 class Expr:
@@ -249,6 +318,18 @@ class Expr:
         if unbound:
             raise ExpressionError(self.source, f"unbound name(s): {', '.join(sorted(unbound))}")
         return _closure(self._tree.body, constants, positions)
+
+    def python(self, constants: Mapping[str, Any], positions: Mapping[str, int]) -> str | None:
+        """Python source that evaluates this expression inside a generated function whose
+        positional parameters are ``a0, a1, ...``: ``constants`` folded into int or bool
+        literals, the runtime name ``n`` read as ``a{positions[n]}``, ``cdiv`` as ``_cdiv``.
+        Only literals, those parameter names and the grammar's own operators appear in it, never
+        text from the source. None when the expression needs the evaluator (use :meth:`compile`).
+        """
+        unbound = self.names - constants.keys() - positions.keys()
+        if unbound:
+            raise ExpressionError(self.source, f"unbound name(s): {', '.join(sorted(unbound))}")
+        return _python(self._tree.body, constants, positions)
 
     def __str__(self) -> str:
         return self.source

@@ -3,7 +3,8 @@
 Declared once in the spec, evaluated in two places: by the kernel's DSL host function at
 compile time (over traced runtime scalars) and by the loader at every launch (over ints).
 Block, shared memory and cluster may read only compile-time params; the grid may also read
-the runtime scalar arguments.
+the runtime scalar arguments. ``requires`` are the launch's preconditions over params and
+scalars (``num_tokens >= 0``): a checked launch refuses a call that breaks one.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Geometry(NamedTuple):
     block: Dim3
     smem: Expr
     cluster: Dim3 | None = None
+    requires: tuple[Expr, ...] = ()
 
     @classmethod
     def parse(
@@ -52,17 +54,21 @@ class Geometry(NamedTuple):
         block: Sequence[str | int],
         smem: str | int = 0,
         cluster: Sequence[str | int] | None = None,
+        requires: Sequence[str] = (),
     ) -> Geometry:
         return cls(
             grid=_dim3(grid, "grid"),
             block=_dim3(block, "block"),
             smem=Expr.parse(smem),
             cluster=_dim3(cluster, "cluster") if cluster is not None else None,
+            requires=tuple(Expr.parse(r) for r in requires),
         )
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Geometry:
-        return cls.parse(data["grid"], data["block"], data.get("smem", 0), data.get("cluster"))
+        return cls.parse(
+            data["grid"], data["block"], data.get("smem", 0), data.get("cluster"), data.get("requires", ())
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -70,6 +76,7 @@ class Geometry(NamedTuple):
             "block": [e.source for e in self.block],
             "smem": self.smem.source,
             "cluster": [e.source for e in self.cluster] if self.cluster else None,
+            "requires": [e.source for e in self.requires],
         }
 
     def static_names(self) -> frozenset[str]:
@@ -95,17 +102,3 @@ class Geometry(NamedTuple):
     ) -> tuple[Any, Any, Any]:
         """Evaluate the grid over params and runtime scalars (ints or traced DSL values)."""
         return tuple(e.evaluate(env, functions) for e in self.grid)  # type: ignore[return-value]
-
-    def grid_closure(
-        self, params: Mapping[str, Any], positions: Mapping[str, int]
-    ) -> tuple[int, int, int] | Callable[[Sequence[Any]], tuple[int, int, int]]:
-        """Bind params now. Return the grid itself when it is constant, else one closure.
-
-        The closure takes the launch's positional argument tuple and does no parsing or name
-        lookup; the common case of a dimension equal to one argument is a single index.
-        """
-        dims = [e.compile(params, positions) for e in self.grid]
-        if not any(callable(d) for d in dims):
-            return tuple(dims)  # type: ignore[return-value]
-        x, y, z = (d if callable(d) else (lambda _a, v=d: v) for d in dims)
-        return lambda a: (x(a), y(a), z(a))

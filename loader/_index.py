@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from ._abi import Arg
+from ._expr import Expr
 from ._geometry import Geometry, StaticGeometry
 from ._keys import VariantId, variant_label
-from .errors import IntegrityError, RegistryFormatError
+from .errors import IntegrityError, LaunchArgumentError, RegistryFormatError
 
 __all__ = ["READABLE_SCHEMA", "IndexEntry", "RegistryIndex", "blob_path"]
 
@@ -125,6 +126,32 @@ class IndexEntry:
         """Block, shared memory and cluster, shared by every variant with the same values."""
         params = self.params
         return _static(self._launch_json, tuple(params.get(n) for n in _static_names(self._launch_json)))
+
+    def shapes(self, **scalars: int) -> dict[str, tuple[int, ...]]:
+        """Each pointer argument's shape, from the spec, for these scalar arguments.
+
+        Callers allocate outputs and scratch from it rather than copying a formula. Pointers
+        the spec gives no shape are left out. Raises :class:`LaunchArgumentError` naming a
+        scalar that is missing, unknown, or gives a negative dimension.
+        """
+        shaped = [(a, [Expr.parse(d) for d in a.shape]) for a in self.args if a.is_pointer and a.shape]
+        known = {a.name for a in self.args if not a.is_pointer}
+        needed = set().union(*(e.names for _, dims in shaped for e in dims)) & known
+        if needed - scalars.keys() or scalars.keys() - known:
+            raise LaunchArgumentError(
+                self.label,
+                "*",
+                f"shapes() takes the scalar arguments {', '.join(sorted(needed)) or '(none)'}",
+                ", ".join(sorted(scalars)) or "none",
+            )
+        env = {**self.params, **scalars}
+        out = {a.name: tuple(int(e.evaluate(env)) for e in dims) for a, dims in shaped}
+        for name, shape in out.items():
+            if any(d < 0 for d in shape):
+                raise LaunchArgumentError(
+                    self.label, name, "has a negative dimension for these scalars", shape
+                )
+        return out
 
     def __repr__(self) -> str:
         return f"<IndexEntry {self.family} {self.arch} {self.key[:12]}>"

@@ -81,6 +81,10 @@ class Kernel:
         """The devices this kernel has a function handle on."""
         return self._registry.devices_of(self)
 
+    def shapes(self, **scalars: int) -> dict[str, tuple[int, ...]]:
+        """Every pointer argument's shape for these scalars (see :meth:`IndexEntry.shapes`)."""
+        return self.entry.shapes(**scalars)
+
     def function(self, device: int, *, stream: Any = None) -> Any:
         """The ``CUfunction`` of this kernel on ``device``; see :meth:`Registry.function`."""
         return self._registry.function(self, device, stream=stream)
@@ -346,4 +350,3 @@ class Registry:
                 check(cu.cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease")
             self._contexts.clear()
             self._index.close()
-

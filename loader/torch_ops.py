@@ -1,15 +1,25 @@
 """torch.library custom ops over registry kernels (import this module only if you use torch).
 
-``register_topk_sum(registry)`` defines ``b12x::topk_sum``: a functional op with a fake
-(meta) implementation, so it runs eagerly, inside CUDA graphs and under
-``torch.compile(fullgraph=True)``. Variants are resolved from tensor properties on first use
-and cached; preload them (``warmup``) before capturing a graph, as for any registry kernel.
+One op per family, each a functional op with a fake (meta) implementation, so it runs eagerly,
+inside CUDA graphs and under ``torch.compile(fullgraph=True)``:
+
+- ``b12x::topk_sum(routed, weights, route_ids, num_experts, output_dtype) -> out``
+- ``b12x::mxfp8_quant(x, rounding) -> (q, scales)``
+- ``b12x::moe_w4a16(a, w, scales, route_ids, num_experts, output_dtype) -> out``: route pack,
+  then the int4 grouped GEMM, with the scratch between them sized by the spec's ``shapes()``.
+
+Each op picks its variant from its inputs' dtypes and shapes, launches through
+``checked()`` (so a wrong size is refused before anything runs), and raises the registry's
+miss error, with the nearest variants and the build command, when no variant fits. Variants
+are resolved on first use and cached: call ``preload(...)`` with example inputs before
+capturing a graph, as for any registry kernel.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -17,60 +27,90 @@ from ._launch import PreparedLaunch
 from ._registry import Registry
 from .errors import VariantMissError
 
-__all__ = ["TopKSumOp", "register_topk_sum"]
+__all__ = [
+    "MoeW4A16Op",
+    "Mxfp8QuantOp",
+    "TopKSumOp",
+    "register_moe_w4a16",
+    "register_mxfp8_quant",
+    "register_topk_sum",
+]
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-_CTA_PREFERENCE = (256, 128)
 
 
-class TopKSumOp:
-    """The ``topk_sum`` op bound to one registry; resolves and caches prepared launches."""
+def _dtype_name(dtype: torch.dtype, what: str) -> str:
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        raise ValueError(f"{what} must be float32, float16 or bfloat16 (got {dtype})") from None
+
+
+class _RegistryOp:
+    """What every op shares: a registry, resolved launches cached by their inputs' signature."""
+
+    family = ""
 
     def __init__(self, registry: Registry, *, abi: int = 1, namespace: str = "b12x") -> None:
         self.registry = registry
         self.abi = abi
-        self.name = f"{namespace}::topk_sum"
-        self._launches: dict[tuple[str, str, int, int, int], PreparedLaunch] = {}
+        self.namespace = namespace
+        self._launches: dict[Hashable, PreparedLaunch] = {}
         self._lock = threading.Lock()
         self.op = self._define()
 
-    def launch_for(
-        self, element: torch.dtype, output: torch.dtype, topk: int, hidden: int, device: int
+    def _define(self) -> Any:
+        """Define the ``torch.library`` op (once per namespace)."""
+        raise NotImplementedError
+
+    def _launch(
+        self, key: Hashable, device: int, choices: Sequence[Mapping[str, Any]], family: str | None = None
     ) -> PreparedLaunch:
-        key = (_DTYPE_NAMES[element], _DTYPE_NAMES[output], topk, hidden, device)
+        """The first of ``choices`` (full param sets, best first) that the registry holds."""
         launch = self._launches.get(key)
         if launch is not None:
             return launch
         with self._lock:
-            misses: list[VariantMissError] = []
-            for cta in _CTA_PREFERENCE:
+            first: VariantMissError | None = None
+            for params in choices:
                 try:
-                    kernel = self.registry.kernel(
-                        "moe.topk_sum",
-                        self.abi,
-                        device=device,
-                        element=key[0],
-                        output=key[1],
-                        topk=topk,
-                        hidden=hidden,
-                        cta_threads=cta,
-                    )
+                    kernel = self.registry.kernel(family or self.family, self.abi, device=device, **params)
                 except VariantMissError as miss:
-                    misses.append(miss)
+                    first = first or miss
                     continue
                 launch = self._launches[key] = kernel.prepare(device=device)
                 return launch
-            raise misses[0]
+            assert first is not None
+            raise first
 
-    def warmup(self, shapes: Iterable[tuple[torch.dtype, torch.dtype, int, int]], device: int = 0) -> None:
-        """Resolve and load ``(element, output, topk, hidden)`` combinations ahead of capture."""
-        for element, output, topk, hidden in shapes:
-            self.launch_for(element, output, topk, hidden, device)
 
-    def _define(self) -> torch.library.CustomOpDef:
+class TopKSumOp(_RegistryOp):
+    """``topk_sum``: the weighted sum of each token's top-k routed rows."""
+
+    family = "moe.topk_sum"
+    CTA_PREFERENCE = (256, 128)
+
+    def launch_for(
+        self, element: torch.dtype, output: torch.dtype, topk: int, hidden: int, device: int
+    ) -> PreparedLaunch:
+        params = {
+            "element": _dtype_name(element, "routed"),
+            "output": _dtype_name(output, "output_dtype"),
+            "topk": topk,
+            "hidden": hidden,
+        }
+        key = (*params.values(), device)
+        return self._launch(key, device, [{**params, "cta_threads": c} for c in self.CTA_PREFERENCE])
+
+    def preload(self, routed: torch.Tensor, output_dtype: torch.dtype) -> None:
+        """Resolve and load the variant these inputs need (call before graph capture)."""
+        _, topk, hidden = routed.shape
+        self.launch_for(routed.dtype, output_dtype, topk, hidden, routed.device.index or 0)
+
+    def _define(self) -> Any:
         state = self
 
-        @torch.library.custom_op(self.name, mutates_args=())
+        @torch.library.custom_op(f"{self.namespace}::topk_sum", mutates_args=())
         def topk_sum(
             routed: torch.Tensor,
             weights: torch.Tensor,
@@ -104,6 +144,182 @@ class TopKSumOp:
         return self.op(routed, weights, route_ids, num_experts, output_dtype)
 
 
+class Mxfp8QuantOp(_RegistryOp):
+    """``mxfp8_quant``: E4M3 values of ``x[M, K]`` with one UE8M0 scale byte per 32 elements."""
+
+    family = "quant.mxfp8"
+    CTA_PREFERENCE = (256, 128)
+
+    def launch_for(self, dtype: torch.dtype, k: int, rounding: str, device: int) -> PreparedLaunch:
+        params = {"dtype": _dtype_name(dtype, "x"), "K": k, "rounding": rounding}
+        key = (*params.values(), device)
+        return self._launch(key, device, [{**params, "cta_threads": c} for c in self.CTA_PREFERENCE])
+
+    def preload(self, x: torch.Tensor, rounding: str) -> None:
+        """Resolve and load the variant these inputs need (call before graph capture)."""
+        self.launch_for(x.dtype, x.shape[-1], rounding, x.device.index or 0)
+
+    def _define(self) -> Any:
+        state = self
+
+        @torch.library.custom_op(f"{self.namespace}::mxfp8_quant", mutates_args=())
+        def mxfp8_quant(x: torch.Tensor, rounding: str) -> tuple[torch.Tensor, torch.Tensor]:
+            m, k = x.shape
+            q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+            scales = torch.empty((m, k // 32), dtype=torch.uint8, device=x.device)
+            state.launch_for(x.dtype, k, rounding, x.device.index or 0).checked(q, scales, x, m)
+            return q, scales
+
+        @mxfp8_quant.register_fake
+        def _(x, rounding):  # type: ignore[no-untyped-def]
+            torch._check(x.dim() == 2, lambda: "x must be [M, K]")
+            torch._check(x.shape[1] % 32 == 0, lambda: "K must be a multiple of 32")
+            m, k = x.shape
+            return x.new_empty((m, k), dtype=torch.float8_e4m3fn), x.new_empty(
+                (m, k // 32), dtype=torch.uint8
+            )
+
+        return mxfp8_quant
+
+    def __call__(self, x: torch.Tensor, rounding: str = "floor") -> tuple[torch.Tensor, torch.Tensor]:
+        return self.op(x, rounding)
+
+
+class MoeW4A16Op(_RegistryOp):
+    """``moe_w4a16``: route packing, then the int4-weight grouped GEMM, as one op.
+
+    ``a[M, k]`` activations, ``w[E, n, k // 2]`` packed int4 weights and ``scales[E, n, k //
+    group]`` of the experts that can be resident (``E <= e_cap``), ``route_ids[M, topk]``;
+    returns ``out[M, topk, n]``. The tile follows the batch: decode tiles (``block_m`` 16) for
+    up to ``decode_tokens`` tokens, prefill tiles above ``prefill_tokens``, mid tiles between,
+    each the first the registry holds in :attr:`TILES` order. The route-pack scratch comes
+    from the spec's ``shapes()`` and is allocated per call by torch's allocator.
+    """
+
+    family = "moe.w4a16"
+    # (block_m, tile_n, tile_k, stages, cta_threads), best first, per regime
+    TILES: Mapping[str, Sequence[tuple[int, int, int, int, int]]] = {
+        "decode": ((16, 128, 128, 3, 128), (16, 128, 128, 3, 256), (16, 128, 128, 3, 512)),
+        "mid": ((32, 128, 64, 3, 256), (64, 128, 64, 3, 128), (64, 128, 128, 3, 128)),
+        "prefill": ((128, 128, 64, 3, 256), (128, 128, 64, 3, 128), (64, 128, 64, 3, 128)),
+    }
+    PACK_THREADS = 512
+
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        abi: int = 1,
+        namespace: str = "b12x",
+        e_cap: int = 256,
+        decode_tokens: int = 16,
+        prefill_tokens: int = 256,
+    ) -> None:
+        self.e_cap, self.decode_tokens, self.prefill_tokens = e_cap, decode_tokens, prefill_tokens
+        super().__init__(registry, abi=abi, namespace=namespace)
+
+    def regime(self, tokens: int) -> str:
+        if tokens <= self.decode_tokens:
+            return "decode"
+        return "prefill" if tokens > self.prefill_tokens else "mid"
+
+    def launches_for(
+        self,
+        a: torch.Tensor,
+        w: torch.Tensor,
+        scales: torch.Tensor,
+        topk: int,
+        output_dtype: torch.dtype,
+    ) -> tuple[PreparedLaunch, PreparedLaunch]:
+        """The (route pack, GEMM) pair for these inputs."""
+        device = a.device.index or 0
+        k = a.shape[1]
+        fixed = {
+            "element": _dtype_name(a.dtype, "a"),
+            "output": _dtype_name(output_dtype, "output_dtype"),
+            "topk": topk,
+            "n": w.shape[1],
+            "k": k,
+            "group": k // scales.shape[2] if scales.shape[2] else 0,
+            "e_cap": self.e_cap,
+        }
+        regime = self.regime(a.shape[0])
+        tiles = [
+            {**fixed, "block_m": bm, "tile_n": tn, "tile_k": tk, "stages": st, "cta_threads": ct}
+            for bm, tn, tk, st, ct in self.TILES[regime]
+        ]
+        gemm = self._launch((*fixed.values(), regime, device), device, tiles)
+        block_m = gemm.entry.params["block_m"]
+        pack_params = {
+            "topk": topk,
+            "block_m": block_m,
+            "e_cap": self.e_cap,
+            "cta_threads": self.PACK_THREADS,
+        }
+        pack = self._launch(("pack", *pack_params.values(), device), device, [pack_params], "moe.route_pack")
+        return pack, gemm
+
+    def preload(
+        self, a: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, topk: int, output_dtype: torch.dtype
+    ) -> None:
+        """Resolve and load the variants these inputs need (call before graph capture)."""
+        self.launches_for(a, w, scales, topk, output_dtype)
+
+    def _define(self) -> Any:
+        state = self
+
+        @torch.library.custom_op(f"{self.namespace}::moe_w4a16", mutates_args=())
+        def moe_w4a16(
+            a: torch.Tensor,
+            w: torch.Tensor,
+            scales: torch.Tensor,
+            route_ids: torch.Tensor,
+            num_experts: int,
+            output_dtype: torch.dtype,
+        ) -> torch.Tensor:
+            m, topk = route_ids.shape
+            pack, gemm = state.launches_for(a, w, scales, topk, output_dtype)
+            words = pack.shapes(num_tokens=m, num_experts=num_experts)["scratch"]
+            scratch = torch.empty(words, dtype=torch.int32, device=a.device)
+            out = torch.empty((m, topk, w.shape[1]), dtype=output_dtype, device=a.device)
+            pack.checked(scratch, route_ids, m, num_experts)
+            gemm.checked(out, a, w, scales, scratch, m, num_experts)
+            return out
+
+        @moe_w4a16.register_fake
+        def _(a, w, scales, route_ids, num_experts, output_dtype):  # type: ignore[no-untyped-def]
+            torch._check(a.dim() == 2 and route_ids.dim() == 2, lambda: "a is [M, k], route_ids [M, topk]")
+            torch._check(a.shape[0] == route_ids.shape[0], lambda: "a and route_ids disagree on M")
+            torch._check(w.dim() == 3 and w.shape[2] * 2 == a.shape[1], lambda: "w must be [E, n, k // 2]")
+            return a.new_empty((a.shape[0], route_ids.shape[1], w.shape[1]), dtype=output_dtype)
+
+        return moe_w4a16
+
+    def __call__(
+        self,
+        a: torch.Tensor,
+        w: torch.Tensor,
+        scales: torch.Tensor,
+        route_ids: torch.Tensor,
+        num_experts: int,
+        output_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        return self.op(a, w, scales, route_ids, num_experts, output_dtype)
+
+
 def register_topk_sum(registry: Registry, *, abi: int = 1, namespace: str = "b12x") -> TopKSumOp:
     """Define ``{namespace}::topk_sum`` over ``registry``. Call once per namespace."""
     return TopKSumOp(registry, abi=abi, namespace=namespace)
+
+
+def register_mxfp8_quant(registry: Registry, *, abi: int = 1, namespace: str = "b12x") -> Mxfp8QuantOp:
+    """Define ``{namespace}::mxfp8_quant`` over ``registry``. Call once per namespace."""
+    return Mxfp8QuantOp(registry, abi=abi, namespace=namespace)
+
+
+def register_moe_w4a16(
+    registry: Registry, *, abi: int = 1, namespace: str = "b12x", **policy: int
+) -> MoeW4A16Op:
+    """Define ``{namespace}::moe_w4a16`` over ``registry`` (``policy``: ``e_cap``,
+    ``decode_tokens``, ``prefill_tokens``). Call once per namespace."""
+    return MoeW4A16Op(registry, abi=abi, namespace=namespace, **policy)

@@ -101,7 +101,11 @@ class RegistryWriter:
         _insert_ignore(
             conn,
             Source.__table__,
-            {"hash": prov.source_hash, "module": prov.module, "files_json": canonical_json(prov.source.files)},
+            {
+                "hash": prov.source_hash,
+                "module": prov.module,
+                "files_json": canonical_json(prov.source.files),
+            },
         )
         _insert_ignore(
             conn,
@@ -177,7 +181,9 @@ class RegistryWriter:
                     symbol=res.symbol,
                     args_json=canonical_json(list(rec.args)),
                     launch_json=canonical_json(dict(rec.launch)),
-                    param_table_json=canonical_json([[p.ordinal, p.offset, p.size, p.log_align] for p in res.params]),
+                    param_table_json=canonical_json(
+                        [[p.ordinal, p.offset, p.size, p.log_align] for p in res.params]
+                    ),
                     param_bytes=res.param_bytes,
                     registers=res.registers,
                     frame_bytes=res.frame_bytes,

@@ -129,16 +129,17 @@ params:
   cta_threads: [128, 256]
 constraints: ["hidden % (cta_threads * 8) == 0"]
 args:
-  - {name: out,         kind: ptr, dtype: "{output}",  align: 16, intent: out}
-  - {name: routed,      kind: ptr, dtype: "{element}", align: 16}
-  - {name: weights,     kind: ptr, dtype: fp32,        align: 4}
-  - {name: route_ids,   kind: ptr, dtype: i32,         align: 4}
+  - {name: out,         kind: ptr, dtype: "{output}",  align: 16, intent: out, shape: [num_tokens, hidden]}
+  - {name: routed,      kind: ptr, dtype: "{element}", align: 16, shape: [num_tokens, topk, hidden]}
+  - {name: weights,     kind: ptr, dtype: fp32,        align: 4,  shape: [num_tokens, topk]}
+  - {name: route_ids,   kind: ptr, dtype: i32,         align: 4,  shape: [num_tokens, topk]}
   - {name: num_tokens,  kind: i32}
   - {name: num_experts, kind: i32}
 launch:
   grid:  ["num_tokens", "cdiv(hidden, cta_threads * 8)", 1]
   block: ["cta_threads", 1, 1]
   smem: 0
+  requires: ["num_tokens >= 0"]
 limits:
   max_spill_bytes: 0
 """

@@ -27,10 +27,10 @@ def test_a_variant_past_its_timeout_fails_alone(tmp_path: Path) -> None:
         "import time\n"
         "from b12x_aot.kernels.topk_sum import TopKSum as _Base\n\n\n"
         "class TopKSum(_Base):\n"
-        "    def __init__(self, geometry, **params):\n"
+        "    def __init__(self, geometry, static, **params):\n"
         "        if params['output'] == 'bf16':\n"
         "            time.sleep(300)\n"
-        "        super().__init__(geometry, **params)\n"
+        "        super().__init__(geometry, static, **params)\n"
     )
     spec = write_spec(
         tmp_path,

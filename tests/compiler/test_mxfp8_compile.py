@@ -78,7 +78,7 @@ def test_kernel_rejects_bad_params() -> None:
 
     geometry = Geometry.parse(["cdiv(num_rows * (K // 32), cta_threads)", 1, 1], ["cta_threads", 1, 1])
     good = {"dtype": "bf16", "K": 2048, "rounding": "floor", "cta_threads": 128}
-    Mxfp8Quant(geometry, **good)
+    Mxfp8Quant(geometry, geometry.bind_static(good), **good)
     for bad in ({"dtype": "fp32"}, {"K": 2047}, {"K": 0}, {"rounding": "nearest"}):
         with pytest.raises(ValueError, match=next(iter(bad))):
-            Mxfp8Quant(geometry, **{**good, **bad})
+            Mxfp8Quant(geometry, geometry.bind_static({**good, **bad}), **{**good, **bad})

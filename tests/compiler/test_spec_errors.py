@@ -40,7 +40,7 @@ def test_unknown_key(tmp_path: Path) -> None:
 
 
 def test_unknown_key_inside_an_arg(tmp_path: Path) -> None:
-    text = TOPK_SMALL.replace("align: 4}", "align: 4, aligned: 8}", 1)
+    text = TOPK_SMALL.replace("align: 4,", "align: 4, aligned: 8,", 1)
     msg = faults(tmp_path, text)
     assert f":{line_of(text, 'aligned')}: args[2].aligned: Extra inputs are not permitted" in msg
 

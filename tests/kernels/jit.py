@@ -40,7 +40,7 @@ def jit_launcher(kernel_class: type, entry: Any, args: list[Any]):
                 out.append(DSL_SCALARS[spec_arg.kind](value))
         return out
 
-    kernel = kernel_class(entry.geometry, **entry.params)
+    kernel = kernel_class(entry.geometry, entry.static, **entry.params)
     stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
     compiled = cute.compile(kernel, *convert(args), stream)
 

@@ -7,7 +7,7 @@ import pytest
 from ..conftest import family_variants
 from .reference import same_bits
 from .w4a16_cases import MAX_ROWS, Case, experts_for, prepared, route_ids, route_pack_for
-from .w4a16_reference import route_pack, scratch_words, unpack_scratch
+from .w4a16_reference import route_pack, unpack_scratch
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
@@ -26,12 +26,8 @@ def test_route_pack_matches_reference_exactly(gpu_registry, device_arch: str) ->
     for entry in family_variants(gpu_registry, "moe.route_pack", device_arch):
         p = dict(entry.params)
         pack = prepared(gpu_registry, entry)
-        scratch = torch.full(
-            (scratch_words(MAX_ROWS, p["topk"], p["block_m"], p["e_cap"]),),
-            -5,
-            device="cuda",
-            dtype=torch.int32,
-        )
+        words = pack.shapes(num_tokens=MAX_ROWS, num_experts=p["e_cap"])["scratch"]
+        scratch = torch.full(words, -5, device="cuda", dtype=torch.int32)
         for m in (0, *ROWS):
             experts = experts_for(p) if m % 2 else p["e_cap"]
             ids = route_ids(max(m, 1), p["topk"], experts, gen)[:m]
@@ -54,7 +50,7 @@ def test_every_variant_matches_reference(gpu_registry, device_arch: str) -> None
         gemm, pack = prepared(gpu_registry, entry), route_pack_for(gpu_registry, device_arch, p)
         weights = None
         for m in ROWS:
-            case = Case(p, m, gen, weights=weights)
+            case = Case(p, m, gen, pack, weights=weights)
             weights = (case.w, case.s)  # one weight draw per variant keeps the test fast
             before = {name: t.clone() for name, t in case.inputs().items()}
             case.launch(pack, gemm)
@@ -79,7 +75,7 @@ def test_invalid_ids_give_exact_zero_rows_and_read_no_weights(gpu_registry, devi
     entry = family_variants(gpu_registry, "moe.w4a16", device_arch)[0]
     p = dict(entry.params)
     gemm, pack = prepared(gpu_registry, entry), route_pack_for(gpu_registry, device_arch, p)
-    case = Case(p, 64, gen, invalid_fraction=1.0)
+    case = Case(p, 64, gen, pack, invalid_fraction=1.0)
     assert set(case.ids.unique().tolist()) <= {-1, case.experts, 2**30}  # every route invalid
     case.w.fill_(0x88)  # if any weight were read the rows would be far from zero; they are NaN-free anyway
     case.s.fill_(float("nan"))  # a scale read would poison the row
@@ -95,7 +91,7 @@ def test_graph_replay_with_new_inputs_equals_eager(gpu_registry, device_arch: st
         p = dict(entry.params)
         gemm, pack = prepared(gpu_registry, entry), route_pack_for(gpu_registry, device_arch, p)
         m = 64
-        static = Case(p, m, gen)
+        static = Case(p, m, gen, pack)
         loads = gpu_registry.stats.loads
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
@@ -106,7 +102,7 @@ def test_graph_replay_with_new_inputs_equals_eager(gpu_registry, device_arch: st
             static.launch(pack, gemm, checked=False)
         assert gpu_registry.stats.loads == loads  # nothing loaded during capture
         for _ in range(3):
-            fresh = Case(p, m, gen)
+            fresh = Case(p, m, gen, pack)
             for name, t in fresh.inputs().items():
                 static.inputs()[name].copy_(t)
             static.out.fill_(float("nan"))
@@ -134,7 +130,7 @@ def test_variants_differing_only_in_cta_threads_are_bit_identical(gpu_registry, 
         p = dict(base.params)
         pack = route_pack_for(gpu_registry, device_arch, p)
         for m in (3, 64, 4096):
-            one = Case(p, m, gen)
+            one = Case(p, m, gen, pack)
             one.launch(pack, prepared(gpu_registry, base))
             for t, entry in others:
                 two = one.twin()

@@ -23,7 +23,7 @@ def test_aot_equals_jit(gpu_registry, device_arch) -> None:
         p = dict(entry.params)
         gemm = prepared(gpu_registry, entry)
         pack = route_pack_for(gpu_registry, device_arch, p)
-        aot = Case(p, 37, gen)
+        aot = Case(p, 37, gen, pack)
         aot.launch(pack, gemm)
         jit = aot.twin()
         pack_args = [jit.scratch, jit.ids, jit.m, jit.experts]
@@ -31,7 +31,5 @@ def test_aot_equals_jit(gpu_registry, device_arch) -> None:
         jit_launcher(RoutePack, pack.entry, pack_args)(*pack_args)
         jit_launcher(W4A16, entry, gemm_args)(*gemm_args)
         torch.cuda.synchronize()
-        assert same_bits(aot.scratch, jit.scratch), (
-            f"route_pack scratch: AOT != JIT for {pack.entry.params}"
-        )
+        assert same_bits(aot.scratch, jit.scratch), f"route_pack scratch: AOT != JIT for {pack.entry.params}"
         assert same_bits(aot.out, jit.out), f"w4a16: AOT != JIT for {p}"

@@ -12,7 +12,6 @@ from .w4a16_reference import (
     pack_int4,
     random_weights,
     route_pack,
-    scratch_words,
     unpack_int4,
     unpack_scratch,
 )
@@ -59,15 +58,10 @@ def test_dequantize_rounds_int4_times_scale_once(dtype: torch.dtype, group: int)
     )
 
 
-def test_scratch_formula_and_its_monotonicity() -> None:
+def test_block_bound() -> None:
     assert max_blocks(0, 8, 16, 256) == 0
     assert max_blocks(1, 8, 16, 256) == 1 + 8
     assert max_blocks(4096, 8, 64, 256) == 512 + 257
-    assert scratch_words(16, 8, 16, 256) == HEADER_WORDS + (8 + 128) * 17
-    for block_m in (16, 32, 48, 64):
-        for e_cap in (8, 64, 256):
-            sizes = [scratch_words(m, 8, block_m, e_cap) for m in range(0, 300)]
-            assert sizes == sorted(sizes)  # one buffer sized for max tokens serves all fewer
 
 
 def _bound_holds(ids: torch.Tensor, num_experts: int, block_m: int, e_cap: int) -> None:
@@ -123,7 +117,7 @@ def test_unpack_scratch_reads_the_documented_layout() -> None:
     ids = torch.tensor([[3, -1], [3, 0]], dtype=torch.int32)
     m, topk, block_m, e_cap = 2, 2, 16, 8
     bound = max_blocks(m, topk, block_m, e_cap)
-    s = torch.full((scratch_words(m, topk, block_m, e_cap),), -7, dtype=torch.int32)
+    s = torch.full((64,), -7, dtype=torch.int32)  # room for the header, the block map and 3 blocks
     s[:4] = torch.tensor([3, 3, 1, 0])
     s[4:7] = torch.tensor([0, 3, -1])
     base = HEADER_WORDS + bound

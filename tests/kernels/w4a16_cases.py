@@ -10,7 +10,7 @@ import torch
 
 from ..conftest import family_variants
 from .reference import TORCH_DTYPES
-from .w4a16_reference import moe_w4a16, random_weights, scratch_words
+from .w4a16_reference import moe_w4a16, random_weights
 
 MAX_ROWS = 4096  # the largest m any case launches: scratch is sized for it
 
@@ -41,7 +41,7 @@ def route_ids(m: int, topk: int, experts: int, gen, invalid_fraction: float = 0.
 class Case:
     """Inputs, scratch and output of one (variant, m) launch pair; the output starts as NaN."""
 
-    def __init__(self, p: dict, m: int, gen, *, weights=None, invalid_fraction: float = 0.2):
+    def __init__(self, p: dict, m: int, gen, pack, *, weights=None, invalid_fraction: float = 0.2):
         self.p, self.m = p, m
         self.experts = experts_for(p)
         element = TORCH_DTYPES[p["element"]]
@@ -50,8 +50,8 @@ class Case:
         self.w, self.s = weights or random_weights(
             self.experts, p["n"], p["k"], p["group"], element, device="cuda", generator=gen
         )
-        words = scratch_words(MAX_ROWS, p["topk"], p["block_m"], p["e_cap"])
-        self.scratch = torch.full((words,), -(2**31), device="cuda", dtype=torch.int32)
+        words = pack.shapes(num_tokens=MAX_ROWS, num_experts=self.experts)["scratch"]
+        self.scratch = torch.full(words, -(2**31), device="cuda", dtype=torch.int32)
         self.out = torch.full(
             (m, p["topk"], p["n"]), float("nan"), device="cuda", dtype=TORCH_DTYPES[p["output"]]
         )

@@ -9,7 +9,7 @@ Formats (the kernels' contract):
   int4 * s[n, k // group]``. The kernel either feeds the tensor cores that product rounded once
   to the activation dtype (``rounded=True`` here), or, on its decode tiles, the exact int4 and
   applies ``s`` to fp32 partial sums (``rounded=False``: the product is used exactly).
-- Route packing writes ``scratch_words(max_tokens, ...)`` i32 words; see :func:`route_pack`.
+- Route packing writes the spec's ``scratch`` shape of i32 words; see :func:`route_pack`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ __all__ = [
     "pack_int4",
     "random_weights",
     "route_pack",
-    "scratch_words",
     "unpack_int4",
     "unpack_scratch",
 ]
@@ -79,11 +78,6 @@ def max_blocks(num_tokens: int, topk: int, block_m: int, e_cap: int) -> int:
     """``B``: blocks route packing may use, ``cdiv(R, block_m) + min(R, e_cap + 1)``."""
     routes = max(num_tokens, 0) * topk
     return -(-routes // block_m) + min(routes, e_cap + 1)
-
-
-def scratch_words(num_tokens: int, topk: int, block_m: int, e_cap: int) -> int:
-    """i32 words of route-pack scratch for up to ``num_tokens`` tokens: ``4 + B * (1 + block_m)``."""
-    return HEADER_WORDS + max_blocks(num_tokens, topk, block_m, e_cap) * (1 + block_m)
 
 
 @dataclass(frozen=True)

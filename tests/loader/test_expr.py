@@ -71,19 +71,16 @@ def test_compile_refuses_unbound() -> None:
         Expr.parse("a + b").compile({"a": 1}, {})
 
 
-def test_geometry_grid_closure_constant_and_dynamic() -> None:
+def test_geometry_grid_and_static_parts() -> None:
     geo = Geometry.parse(["num_tokens", "cdiv(hidden, cta_threads * 8)", 1], ["cta_threads", 1, 1], "0")
-    grid = geo.grid_closure({"hidden": 7168, "cta_threads": 128}, {"num_tokens": 4})
-    assert callable(grid)
-    assert grid([0, 0, 0, 0, 9, 1]) == (9, 7, 1)
+    assert geo.grid_of({"hidden": 7168, "cta_threads": 128, "num_tokens": 9}) == (9, 7, 1)
     static = Geometry.parse([2, 3, 4], [128, 1, 1], "cta * 4")
-    assert static.grid_closure({"cta": 1}, {}) == (2, 3, 4)
     bound = static.bind_static({"cta": 64})
     assert (bound.block, bound.smem, bound.threads) == ((128, 1, 1), 256, 128)
 
 
 def test_geometry_json_round_trip() -> None:
-    geo = Geometry.parse(["a", 1, 1], ["b", 1, 1], "a * b", ["1", "1", "1"])
+    geo = Geometry.parse(["a", 1, 1], ["b", 1, 1], "a * b", ["1", "1", "1"], ["a >= 0"])
     assert Geometry.from_json(geo.to_json()) == geo
 
 

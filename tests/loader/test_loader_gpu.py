@@ -177,7 +177,7 @@ def test_torch_custom_op_eager_graph_and_compile(gpu_registry, device_arch) -> N
     _, p = _variant(gpu_registry, device_arch, -1)
     op = register_topk_sum(gpu_registry, namespace="b12x_test")
     element, output = DTYPES[p["element"]], DTYPES[p["output"]]
-    op.warmup([(element, output, p["topk"], p["hidden"])])
+    op.preload(torch.empty(1, p["topk"], p["hidden"], device="cuda", dtype=element), output)
     gen = torch.Generator(device="cuda").manual_seed(21)
     m = 16
     inputs = make_inputs(m, p, gen)

@@ -10,6 +10,7 @@ import pytest
 
 from b12x_aot.compiler import inspect_cubin
 from b12x_aot.loader import (
+    Buffer,
     LaunchArgumentError,
     Manifest,
     PreparedLaunch,
@@ -18,6 +19,8 @@ from b12x_aot.loader import (
     RequirementError,
     VariantMissError,
 )
+
+from .conftest import RecordingDriver
 
 pytestmark = pytest.mark.dsl
 
@@ -104,31 +107,6 @@ def test_open_rejects_non_registries(tmp_path: Path) -> None:
         Registry.open(junk)
 
 
-class RecordingDriver:
-    """Stands in for cuLaunchKernel: records each call and what the buffer held at that moment."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple] = []
-
-    def __call__(self, func, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
-        import ctypes
-
-        pointers = ctypes.cast(argv, ctypes.POINTER(ctypes.c_void_p))
-        self.calls.append(((gx, gy, gz), (bx, by, bz), smem, int(stream), [pointers[i] for i in range(8)]))
-        from cuda.bindings import driver as cu
-
-        return (cu.CUresult.CUDA_SUCCESS,)
-
-
-@pytest.fixture
-def driver(monkeypatch: pytest.MonkeyPatch) -> RecordingDriver:
-    from cuda.bindings import driver as cu
-
-    recorder = RecordingDriver()
-    monkeypatch.setattr(cu, "cuLaunchKernel", recorder)
-    return recorder
-
-
 def test_prepared_buffer_matches_the_cubin_param_table(built_registry: Path, driver: RecordingDriver) -> None:
     """Launch through the real hot path and read the values back at the cubin's own offsets."""
     with Registry.open(built_registry) as reg:
@@ -150,7 +128,8 @@ def test_prepared_buffer_matches_the_cubin_param_table(built_registry: Path, dri
             assert grid == (values[4], -(-hidden // (cta * 8)), 1)
             assert block == (cta, 1, 1) and smem == 0 and stream == 7
             # argv[i] points at the byte the driver reads for parameter i
-            assert [argv[i] - argv[0] for i in range(len(table))] == [p.offset for p in table]
+            pointers = driver.argv(argv, len(table))
+            assert [q - pointers[0] for q in pointers] == [p.offset for p in table]
 
 
 def test_prepared_launch_converts_tensors_and_skips_empty_grids(
@@ -178,6 +157,15 @@ def test_prepared_launch_converts_tensors_and_skips_empty_grids(
             launch(0x1000, 0x2000, 0x3000, 0x4000, 2**31, 8)
         with pytest.raises(LaunchArgumentError, match="count is wrong"):
             launch.checked(0x1000, 0x2000)
+        big = 1 << 20
         with pytest.raises(LaunchArgumentError, match="must be 16-byte aligned"):
-            launch.checked(0x1008, 0x2000, 0x3000, 0x4000, 1, 8)
+            launch.checked(
+                Buffer(0x1008, big), Buffer(0x2000, big), Buffer(0x3000, big), Buffer(0x4000, big), 1, 8
+            )
+        with pytest.raises(LaunchArgumentError, match="is a raw address"):
+            launch.checked(0x1000, 0x2000, 0x3000, 0x4000, 1, 8)
         assert len(driver.calls) == 1
+        launch.checked(
+            Buffer(0x1000, big), Buffer(0x2000, big), Buffer(0x3000, big), Buffer(0x4000, big), 1, 8
+        )
+        assert len(driver.calls) == 2

@@ -1,0 +1,70 @@
+"""A torch.library op over communicators (import this module only if you use torch).
+
+``register_all_reduce(comm)`` returns an op ``b12x::all_reduce(inp, handle) -> out`` bound to
+``comm``: functional, with a fake (meta) implementation, so it runs eagerly, inside CUDA graphs
+and under ``torch.compile(fullgraph=True)``. It launches on torch's current stream, validates
+its input at the boundary (the communicator's own checks: dtype, device, contiguity, a
+multiple of 8 elements, capacity), and every rank must call it in the same order, as any
+all-reduce. One op per namespace serves every communicator of the process: each registered
+communicator gets an integer handle that the compiled graph carries as a constant.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+import torch
+
+from ._communicator import Communicator
+
+__all__ = ["AllReduceOp", "register_all_reduce"]
+
+_lock = threading.Lock()
+_handles = itertools.count(1)
+_communicators: dict[int, Communicator] = {}
+_ops: dict[str, Any] = {}  # namespace -> the op
+
+
+def _define(namespace: str) -> Any:
+    @torch.library.custom_op(f"{namespace}::all_reduce", mutates_args=())
+    def all_reduce(inp: torch.Tensor, handle: int) -> torch.Tensor:
+        comm = _communicators.get(handle)
+        if comm is None:
+            raise LookupError(f"all_reduce: communicator handle {handle} is not registered (closed?)")
+        return comm.all_reduce(inp, stream=torch.cuda.current_stream(inp.device))
+
+    @all_reduce.register_fake
+    def _(inp, handle):  # type: ignore[no-untyped-def]
+        torch._check(inp.numel() % 8 == 0, lambda: "all_reduce: the element count must be a multiple of 8")
+        return torch.empty_like(inp)
+
+    return all_reduce
+
+
+class AllReduceOp:
+    """``{namespace}::all_reduce`` bound to one communicator; call it like ``comm.all_reduce``."""
+
+    __slots__ = ("comm", "handle", "op")
+
+    def __init__(self, comm: Communicator, op: Any, handle: int) -> None:
+        self.comm, self.op, self.handle = comm, op, handle
+
+    def __call__(self, inp: torch.Tensor) -> torch.Tensor:
+        return self.op(inp, self.handle)
+
+    def unregister(self) -> None:
+        """Forget the communicator (graphs that captured this op must not replay after)."""
+        _communicators.pop(self.handle, None)
+
+
+def register_all_reduce(comm: Communicator, *, namespace: str = "b12x") -> AllReduceOp:
+    """The ``{namespace}::all_reduce`` op (defined on first use) bound to ``comm``."""
+    with _lock:
+        op = _ops.get(namespace)
+        if op is None:
+            op = _ops[namespace] = _define(namespace)
+        handle = next(_handles)
+        _communicators[handle] = comm
+    return AllReduceOp(comm, op, handle)

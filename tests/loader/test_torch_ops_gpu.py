@@ -1,0 +1,100 @@
+"""The torch.library ops of every family on a GPU: eager, in a CUDA graph and under
+``torch.compile(fullgraph=True)``, against the torch references, with sizes refused at the
+boundary and misses that name the build command."""
+
+from __future__ import annotations
+
+import pytest
+
+from b12x_aot.loader import LaunchArgumentError, VariantMissError
+
+from ..kernels.mxfp8_reference import TORCH_DTYPES, adversarial_input, quantize_mxfp8
+from ..kernels.w4a16_reference import moe_w4a16, random_weights
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+
+def _eager_graph_compiled(fn, args: tuple, fresh: tuple, check) -> None:
+    """``fn`` eagerly, replayed from a graph over ``fresh`` inputs copied in, and compiled."""
+    check(fn(*args), args)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn(*args)  # warm up on the capture stream
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        captured = fn(*args)
+    for static, new in zip(args, fresh, strict=True):
+        if isinstance(static, torch.Tensor):
+            static.copy_(new)
+    graph.replay()
+    torch.cuda.synchronize()
+    check(captured, fresh)
+    compiled = torch.compile(fn, fullgraph=True)
+    check(compiled(*fresh), fresh)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def test_mxfp8_op_eager_graph_and_compile(gpu_registry) -> None:
+    from b12x_aot.loader.torch_ops import register_mxfp8_quant
+
+    op = register_mxfp8_quant(gpu_registry, namespace="b12x_test_mxfp8")
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    dtype = TORCH_DTYPES["bf16"]
+    x, fresh = (adversarial_input(96, 2048, dtype, gen, "cuda") for _ in range(2))
+    op.preload(x, "floor")
+
+    def check(result, inputs) -> None:
+        q, s = result
+        want_q, want_s = quantize_mxfp8(inputs[0], "floor")
+        torch.cuda.synchronize()
+        assert _same(q, want_q) and _same(s, want_s)
+
+    _eager_graph_compiled(lambda t: op.op(t, "floor"), (x,), (fresh,), check)
+    with pytest.raises(ValueError, match="x must be float32, float16 or bfloat16"):
+        op(x.int())
+    with pytest.raises(VariantMissError, match="b12x-compile"):
+        op(torch.zeros(4, 96, device="cuda", dtype=dtype))  # K = 96 is not built
+
+
+def test_moe_w4a16_op_eager_graph_and_compile(gpu_registry) -> None:
+    from b12x_aot.loader.torch_ops import register_moe_w4a16
+
+    op = register_moe_w4a16(gpu_registry, namespace="b12x_test_moe")
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    experts, n, k, group, topk = 16, 2048, 7168, 128, 8
+    dtype = torch.bfloat16
+    w, s = random_weights(experts, n, k, group, dtype, device="cuda", generator=gen)
+    for m in (3, 600):  # a decode tile, then a prefill one
+
+        def inputs(m: int = m):
+            a = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
+            ids = torch.randint(-1, experts + 1, (m, topk), device="cuda", generator=gen, dtype=torch.int32)
+            return a, w, s, ids
+
+        args, fresh = inputs(), inputs()
+        op.preload(args[0], w, s, topk, dtype)
+
+        def check(out, given) -> None:
+            a, _, _, ids = given
+            ref = moe_w4a16(
+                a.double(), ids, w, s, group=group, num_experts=experts, e_cap=256, acc_dtype=torch.float64
+            )
+            torch.cuda.synchronize()
+            err = (out.double() - ref).norm() / ref.norm()
+            assert err < 1e-2, float(err)
+            invalid = (ids < 0) | (ids >= experts)
+            assert bool((out[invalid] == 0).all())
+
+        _eager_graph_compiled(
+            lambda a, w_, s_, ids: op.op(a, w_, s_, ids, experts, dtype), args, fresh, check
+        )
+    a, _, _, ids = inputs(3)
+    with pytest.raises(LaunchArgumentError, match="argument 'w'"):
+        op(a, w[:, :, :-1].contiguous(), s, ids, experts, dtype)  # packed rows one byte short
+    with pytest.raises(LaunchArgumentError, match="argument 'scales'"):
+        op(a, w, s[: experts // 2], ids, experts // 2 + 1, dtype)  # fewer experts than num_experts says
