@@ -15,10 +15,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from b12x_aot.loader import Registry
+from b12x_aot.loader import DTYPES, Registry
 
 from ._device import current_device, decode_error, raw_stream
-from ._policy import ALGORITHMS, TRANSPORTS, Policy, Settings
+from ._policy import ALGORITHMS, DTYPE_BYTES, TRANSPORTS, Policy, Settings
 from ._rendezvous import Rendezvous, UnixSocketRendezvous
 from ._settings import read_launch_env
 from ._setup import Built, Resources, build
@@ -32,7 +32,6 @@ from .layout import PEERS_OFFSET
 
 __all__ = ["Communicator"]
 
-_TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 _FROM_ENV_CALLS = itertools.count()  # the same sequence on every rank: creation is collective
 
 
@@ -44,9 +43,12 @@ class Communicator:
 
     - every rank issues the same calls (same sizes, dtypes, algorithm and transport) in the
       same order; the kernels pair calls by count;
+    - on each rank, the calls run in issue order: put every call of one communicator on one
+      stream (or order the streams yourself). Two calls running at once on one rank would read
+      the same call counter and share slots and flags, with no error to show for it;
     - payloads are at most ``capacity_bytes`` and a multiple of 8 elements (one 16-byte pack);
       tails are refused, pad instead;
-    - the output is out of place: ``out`` must not overlap ``inp``;
+    - ``out`` is ``inp`` (in place) or does not overlap it at all;
     - a kernel that waits longer than ``timeout_s`` for a peer gives up and records it; the
       next call (or :meth:`check`) raises :class:`CommTimeoutError`, and the communicator stays
       unusable until every rank closes and recreates it;
@@ -69,7 +71,6 @@ class Communicator:
         "_torch",
         "_torch_names",
         "_transport",
-        "_twoshot_from",
         "device",
         "dtypes",
         "policy",
@@ -84,7 +85,8 @@ class Communicator:
         self.policy, self.timeout_s, self.device = settings.policy, settings.timeout_s, device
         self.variants = built.variants
         self._slot_bytes = settings.slot_bytes
-        self._capacity = settings.slot_bytes // 2  # elements of a 16-bit dtype per slot (the kernel's unit)
+        # the kernel's unit: elements of the (16-bit) dtypes per slot
+        self._capacity = settings.slot_bytes // max(DTYPE_BYTES[d] for d in settings.dtypes)
         self._ctrl = built.window_va
         self._peers_ptr = built.window_va + PEERS_OFFSET
         self._launches = built.launches
@@ -93,7 +95,6 @@ class Communicator:
         self._resources = resources
         self._closed = False
         self._transport = settings.policy.transport
-        self._twoshot_from = settings.policy.twoshot_from_bytes
         self._torch: Any = None
         self._torch_names: dict[Any, str] | None = None
         if "torch" in sys.modules:
@@ -242,8 +243,9 @@ class Communicator:
         returns ``out``.
 
         ``inp`` and ``out`` are contiguous CUDA tensors on this communicator's device, of one of
-        its dtypes, with the same dtype and number of elements, not overlapping. ``stream`` (a
-        torch stream or raw handle) overrides the default stream; ``algorithm`` and
+        its dtypes, with the same dtype and number of elements, the same tensor or not
+        overlapping. ``stream`` (a torch stream or raw handle) overrides the default stream
+        (keep one communicator's calls on one stream: see the class contract); ``algorithm`` and
         ``transport`` override the policy for this call (every rank must pass the same). A
         zero-element call launches nothing. Raises :class:`CommTimeoutError` first if an
         earlier call timed out, then :class:`CommClosedError`, then the argument errors
@@ -331,22 +333,22 @@ class Communicator:
                 f"{n} elements",
                 "Pad the buffer to a multiple of 8 elements",
             )
-        nbytes = n * 2
+        nbytes = n * DTYPE_BYTES[dtype]
         if nbytes > self._slot_bytes:
             raise CapacityError(self.rank, nbytes, self._slot_bytes)
         if (out_ptr | inp_ptr) & 15:
             raise CommArgumentError(
                 "all-reduce buffers", "must be 16-byte aligned", f"out {out_ptr:#x}, inp {inp_ptr:#x}"
             )
-        if out_ptr < inp_ptr + nbytes and inp_ptr < out_ptr + nbytes:
+        if out_ptr != inp_ptr and out_ptr < inp_ptr + nbytes and inp_ptr < out_ptr + nbytes:
             raise CommArgumentError(
                 "all-reduce out",
-                "must not overlap inp (the all-reduce is out of place)",
+                "must be inp itself or not overlap it",
                 f"out {out_ptr:#x}, inp {inp_ptr:#x}, {nbytes} bytes",
             )
         key = (
             dtype,
-            algorithm if algorithm is not None else ("oneshot" if nbytes < self._twoshot_from else "twoshot"),
+            algorithm if algorithm is not None else self.policy.algorithm_for(nbytes),
             transport if transport is not None else self._transport,
         )
         launch = self._launches.get(key)
@@ -362,7 +364,7 @@ class Communicator:
         import torch
 
         self._torch = torch
-        self._torch_names = {getattr(torch, _TORCH_DTYPES[d]): d for d in self.dtypes}
+        self._torch_names = {getattr(torch, DTYPES[d].torch_name): d for d in self.dtypes}
         return self._torch_names
 
     def _timeout_error(self) -> CommTimeoutError:

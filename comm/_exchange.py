@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import socket
 import struct
 import threading
@@ -48,7 +47,7 @@ class FdServer:
         if len(payload) > _MAX_PAYLOAD:
             raise CommArgumentError("FdServer payload", f"must be at most {_MAX_PAYLOAD} bytes", len(payload))
         self._fd, self._payload, self._timeout = fd, payload, timeout
-        self.address = path if path is not None else f"@b12x-comm-{os.getpid()}-{secrets.token_hex(8)}"
+        self.address = path if path is not None else f"@b12x-comm-{os.getpid()}-{os.urandom(8).hex()}"
         self._path = path
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:

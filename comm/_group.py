@@ -41,8 +41,10 @@ def create_local_group(
     Streams that share a hardware work queue serialise, and a rank queued behind a spinning
     peer would time out: start the process with ``CUDA_DEVICE_MAX_CONNECTIONS`` above
     ``world`` (the driver's default is 8), e.g. 32. Virtual ranks test and time the protocol,
-    not multi-GPU bandwidth. Raises like :meth:`Communicator.create`; on failure nothing stays
-    allocated.
+    not multi-GPU bandwidth. The ranks use each other's windows by address, so close them all
+    together, after their last calls have finished (a rank still calling into a closed peer's
+    window faults the context). Raises like :meth:`Communicator.create`; on failure nothing
+    stays allocated.
     """
     first = Settings.of(  # bad arguments raise here, before any thread or driver work
         rank=0, world=world, capacity_bytes=capacity_bytes, dtypes=dtypes, timeout_s=timeout_s, policy=policy

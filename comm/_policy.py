@@ -154,9 +154,10 @@ class Settings:
             raise CommArgumentError("world", f"must be an int in [2, {MAX_WORLD}]", repr(world))
         if not _is_int(rank) or not 0 <= rank < world:
             raise CommArgumentError("rank", f"must be an int in [0, world={world})", repr(rank))
-        if not _is_int(capacity_bytes) or not 0 < capacity_bytes <= 2 * _MAX_I32:
+        # The kernel counts a slot in 16-bit elements (an i32): at most _MAX_I32 rounded down to a pack.
+        if not _is_int(capacity_bytes) or not 0 < capacity_bytes <= 2 * (_MAX_I32 - 7):
             raise CommArgumentError(
-                "capacity_bytes", f"must be an int in [1, {2 * _MAX_I32}]", repr(capacity_bytes)
+                "capacity_bytes", f"must be an int in [1, {2 * (_MAX_I32 - 7)}]", repr(capacity_bytes)
             )
         names = tuple(dtypes) if not isinstance(dtypes, str) else (dtypes,)
         if not names or len(set(names)) != len(names) or any(d not in DTYPE_BYTES for d in names):

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ._communicator import Communicator
+from .errors import CommArgumentError
 
 __all__ = ["AllReduceOp", "register_all_reduce"]
 
@@ -32,7 +33,12 @@ def _define(namespace: str) -> Any:
     def all_reduce(inp: torch.Tensor, handle: int) -> torch.Tensor:
         comm = _communicators.get(handle)
         if comm is None:
-            raise LookupError(f"all_reduce: communicator handle {handle} is not registered (closed?)")
+            raise CommArgumentError(
+                "all_reduce handle",
+                "names no registered communicator",
+                handle,
+                "Register the communicator with register_all_reduce(comm) and call the op it returns",
+            )
         return comm.all_reduce(inp, stream=torch.cuda.current_stream(inp.device))
 
     @all_reduce.register_fake

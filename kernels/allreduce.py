@@ -243,8 +243,8 @@ class AllReduce(AotKernel):
         return srcs
 
     def every_peer(self, call: _Call, s) -> list[Int64]:
-        """Slot ``s`` in every rank's window, indexed by rank (pass ``skip=rank`` to leave out
-        this rank's own)."""
+        """Slot ``s`` in every rank's window, indexed by rank (``copy``/``reduce`` take a ``skip``
+        index to leave this rank's own out)."""
         return [call.slot(call.peer(k), s) for k in range(self.world)]
 
     @cute.jit
@@ -394,13 +394,16 @@ class AllReduce(AotKernel):
 
     @cute.jit
     def record_timeout(self, call: _Call, bar: int, missing: Int32, block: Int32):
-        """First timeout wins the host-mapped error record: which barrier, rank and CTA, and the
-        generation it waited for."""
+        """Record a timeout in the host-mapped error record: the generation waited for (word 1,
+        the same for every CTA of the call, so any writer will do), then, fenced after it, which
+        barrier, rank and CTA (word 0; the first to swap it in wins, where the platform makes
+        host-memory atomics atomic). The host reads word 0 first, so word 1 is there by then."""
         record = ld_relaxed_gpu_u64(call.own + ERROR_PTR_OFFSET)
         if record != 0:
+            st_relaxed_sys_u32(record + 4, call.gen)
+            fence_acq_rel_sys()
             code = Uint32(ERROR_TIMEOUT | bar << 24) | (Uint32(missing) << 16) | Uint32(block)
-            if atom_cas_relaxed_sys_b32(record, Uint32(0), code) == Uint32(0):
-                st_relaxed_sys_u32(record + 4, call.gen)
+            atom_cas_relaxed_sys_b32(record, Uint32(0), code)
 
     @cute.jit
     def advance_calls(self, call: _Call, tid: Int32, grid: Int32):

@@ -31,9 +31,11 @@ from ._expr import Expr
 from ._index import IndexEntry
 from .errors import LaunchArgumentError
 
-__all__ = ["Buffer", "UncheckedSizeWarning", "checked_source", "scalar_error"]
+__all__ = ["NOT_A_POINTER", "Buffer", "UncheckedSizeWarning", "checked_source", "scalar_error"]
 
-_GRID_LIMIT = 1 << 31
+_GRID_LIMITS = ((1 << 31) - 1, 65535, 65535)  # x, y, z: what cuLaunchKernel accepts
+_ADDRESS_LIMIT = 1 << 64
+_F32_MAX = 3.4028234663852886e38
 
 
 class Buffer(NamedTuple):
@@ -54,8 +56,11 @@ class UncheckedSizeWarning(UserWarning):
 _CHECKED = """\
 def checked(self, {params}*extra, stream=None):
     if extra or {last} is MISSING:
-        wrong_count(({sig}*extra))
-{args}{body}"""
+        wrong_count(({sig}*extra,))
+    try:
+{args}{body}    except ArithmeticError as exc:
+        unevaluable(exc, ({sig}))
+"""
 
 
 def checked_source(entry: IndexEntry, cg: Codegen, device: int) -> tuple[str, str]:
@@ -65,6 +70,8 @@ def checked_source(entry: IndexEntry, cg: Codegen, device: int) -> tuple[str, st
     cg.env.update(
         MISSING=_MISSING,
         wrong_count=diag.wrong_count,
+        unevaluable=diag.unevaluable,
+        bad_address=diag.bad_address,
         Buffer=Buffer,
         DT=diag.torch_dtypes,
         bad_scalar=diag.bad_scalar,
@@ -90,24 +97,34 @@ def checked_source(entry: IndexEntry, cg: Codegen, device: int) -> tuple[str, st
             body.append(_pointer(i, arg, cg, device))
     dims = [cg.value(e) for e in entry.geometry.grid]
     # A literal in range needs no check per call; anything else (a negative literal too) gets one.
-    varying = [d for d in dims if not (d.isdigit() and int(d) < _GRID_LIMIT)]
-    if varying:
-        bounds = " and ".join(f"0 <= {d} < {_GRID_LIMIT}" for d in varying)
-        body.append(f"    if not ({bounds}):\n        bad_grid(({', '.join(dims)}))\n")
+    bounds = [
+        f"0 <= {d} <= {limit}"
+        for d, limit in zip(dims, _GRID_LIMITS, strict=True)
+        if not (d.isdigit() and int(d) <= limit)
+    ]
+    if bounds:
+        body.append(f"    if not ({' and '.join(bounds)}):\n        bad_grid(({', '.join(dims)}))\n")
     source = _CHECKED.format(
         params="".join(f"{n}=MISSING, " for n in cg.names),
-        last=cg.names[-1] if cg.names else "MISSING",
+        last=cg.names[-1] if cg.names else "None",
         sig=cg.signature,
-        args=cg.args_line,
-        body="".join(body),
+        args=_indent(cg.args_line),
+        body=_indent("".join(body)) or "        pass\n",
     )
     values = ", ".join(f"p{i}" if a.is_pointer else f"a{i}" for i, a in enumerate(entry.args))
     return source, values
 
 
+def _indent(lines: str) -> str:
+    """``lines`` one level deeper (the checks run inside a ``try``)."""
+    return "".join(f"    {line}\n" for line in lines.splitlines())
+
+
 def _scalar(i: int, arg: Arg) -> str:
     kind = SCALAR_KINDS[arg.kind]
-    if kind.lo is None:
+    if kind.name == "f32":  # finite and in range: struct would refuse the rest at packing
+        test = f"a{i}.__class__ not in (float, int) or not -{_F32_MAX!r} <= a{i} <= {_F32_MAX!r}"
+    elif kind.lo is None:
         test = f"a{i}.__class__ is not float and a{i}.__class__ is not int"
     else:
         test = f"a{i}.__class__ is not int or not {kind.lo} <= a{i} <= {kind.hi}"
@@ -119,6 +136,7 @@ def _pointer(i: int, arg: Arg, cg: Codegen, device: int) -> str:
     shape = cg.values(tuple(Expr.parse(d) for d in arg.shape)) if arg.shape is not None else None
     lines = [f"    if {n}.__class__ is int:"]
     lines.append(f"        raw_address({i})" if shape is not None else f"        p{i} = {n}")
+    lines.append(f"        if not 0 <= p{i} < {_ADDRESS_LIMIT}:\n            bad_address({i}, p{i})")
     lines.append(f"    elif {n}.__class__ is Buffer:")
     lines.append(f"        p{i} = buffer_address({i}, {n}, {shape})")
     lines += [
@@ -143,12 +161,17 @@ def _pointer(i: int, arg: Arg, cg: Codegen, device: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+NOT_A_POINTER = "must be a device pointer (int), a Buffer or a tensor"
+
+
 def scalar_error(kernel: str, arg: Arg, value: Any) -> LaunchArgumentError | None:
     """Why ``value`` cannot be scalar argument ``arg``, or None when it can."""
     kind = SCALAR_KINDS[arg.kind]
     if kind.lo is None:
         if value.__class__ not in (int, float):
             return LaunchArgumentError(kernel, arg.name, f"must be a number ({kind.name})", repr(value))
+        if kind.name == "f32" and not -_F32_MAX <= value <= _F32_MAX:
+            return LaunchArgumentError(kernel, arg.name, "must be a finite number in f32 range", repr(value))
         return None
     if value.__class__ is not int:
         return LaunchArgumentError(kernel, arg.name, f"must be an int ({kind.name})", repr(value))
@@ -216,6 +239,17 @@ class _Diagnostics:
             self.name, "*", f"break the launch requirement {expr.source!r}", self._scalars(values)
         )
 
+    def unevaluable(self, exc: ArithmeticError, values: Sequence[Any]) -> None:
+        raise LaunchArgumentError(
+            self.name,
+            "*",
+            f"give a shape, grid or requirement that cannot be evaluated ({exc})",
+            self._scalars(values),
+        ) from None
+
+    def bad_address(self, i: int, address: int) -> None:
+        raise self._error(i, "must be an address in [0, 2**64)", address)
+
     def raw_address(self, i: int) -> None:
         raise self._error(
             i,
@@ -225,6 +259,8 @@ class _Diagnostics:
         )
 
     def buffer_address(self, i: int, buffer: Buffer, shape: tuple[int, ...] | None) -> int:
+        if not 0 <= buffer.address < _ADDRESS_LIMIT:
+            self.bad_address(i, buffer.address)
         if shape is not None:
             self._no_negative(i, shape)
             need = math.prod(shape) * DTYPES[self.args[i].dtype].itemsize  # type: ignore[index]
@@ -246,7 +282,7 @@ class _Diagnostics:
         raise self._error(i, "must be contiguous", f"strides {tuple(value.stride())}")
 
     def not_a_pointer(self, i: int, value: Any) -> None:
-        raise self._error(i, "must be a device pointer (int), a Buffer or a tensor", type(value).__name__)
+        raise self._error(i, NOT_A_POINTER, type(value).__name__)
 
     def shape_rule(self, i: int, value: Any, shape: tuple[int, ...]) -> None:
         """Let a larger leading dimension or a large enough flat tensor pass; else raise."""
@@ -271,4 +307,6 @@ class _Diagnostics:
         raise self._error(i, f"must be {self.args[i].align}-byte aligned", hex(address))
 
     def bad_grid(self, grid: tuple[int, ...]) -> None:
-        raise LaunchArgumentError(self.name, "grid", "must be non-negative ints below 2**31", grid)
+        raise LaunchArgumentError(
+            self.name, "grid", f"must be non-negative ints up to {_GRID_LIMITS} (x, y, z)", grid
+        )

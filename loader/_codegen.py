@@ -50,12 +50,8 @@ class Codegen:
             self.env["_cdiv"] = cdiv
             return source
         folded = expr.compile(self.params, self.positions)
-        if not callable(folded):
-            if folded.__class__ not in (int, bool):
-                raise ExpressionError(expr.source, f"must evaluate to an integer (got {folded!r})")
-            return repr(folded)
-        if expr.source in self.positions:
-            return self.names[self.positions[expr.source]]
+        if not callable(folded):  # Expr.python folds every int and bool: this one is neither
+            raise ExpressionError(expr.source, f"must evaluate to an integer (got {folded!r})")
         name = f"_x{len(self.env)}"  # unique in the environment every generated function shares
         self.env[name] = folded
         self.uses_args = True

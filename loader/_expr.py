@@ -234,9 +234,9 @@ def _python(node: ast.AST, constants: Mapping[str, Any], positions: Mapping[str,
     if isinstance(node, ast.UnaryOp):
         inner = _python(node.operand, constants, positions)
         return None if inner is None else f"({_SYMBOLS[type(node.op)]}{inner})"
-    if isinstance(node, ast.BoolOp):
+    if isinstance(node, ast.BoolOp):  # a bool, as the evaluator gives, not the deciding operand
         parts = [_python(v, constants, positions) for v in node.values]
-        return None if None in parts else "(" + _SYMBOLS[type(node.op)].join(parts) + ")"  # type: ignore[arg-type]
+        return None if None in parts else "bool(" + _SYMBOLS[type(node.op)].join(parts) + ")"  # type: ignore[arg-type]
     if isinstance(node, ast.Compare) and not any(isinstance(op, ast.In | ast.NotIn) for op in node.ops):
         parts = [_python(n, constants, positions) for n in (node.left, *node.comparators)]
         if None in parts:

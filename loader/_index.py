@@ -137,6 +137,9 @@ class IndexEntry:
         shaped = [(a, [Expr.parse(d) for d in a.shape]) for a in self.args if a.is_pointer and a.shape]
         known = {a.name for a in self.args if not a.is_pointer}
         needed = set().union(*(e.names for _, dims in shaped for e in dims)) & known
+        for name, value in scalars.items():
+            if value.__class__ is not int:
+                raise LaunchArgumentError(self.label, name, "must be an int for shapes()", repr(value))
         if needed - scalars.keys() or scalars.keys() - known:
             raise LaunchArgumentError(
                 self.label,

@@ -19,7 +19,7 @@ from typing import Any
 from cuda.bindings import driver as cu
 
 from ._abi import Arg, ParamLayout
-from ._checks import UncheckedSizeWarning, checked_source, scalar_error
+from ._checks import NOT_A_POINTER, UncheckedSizeWarning, checked_source, scalar_error
 from ._codegen import Codegen
 from ._cuda import check, torch_stream_getter
 from ._index import IndexEntry
@@ -65,8 +65,9 @@ class _StreamCache:
 class PreparedLaunch:
     """A variant bound to one device: call it with the spec's arguments, in order.
 
-    Pointer arguments are ints (device addresses), :class:`Buffer` s or objects with
-    ``data_ptr()`` (torch tensors); scalars are ints (floats for ``f32``/``f64``). ``stream`` is
+    Pointer arguments are ints (device addresses), :class:`Buffer` s or torch tensors (the
+    plain call takes any object with ``data_ptr()``; :meth:`checked` wants a tensor's dtype,
+    device, layout and shape too); scalars are ints (floats for ``f32``/``f64``). ``stream`` is
     a ``CUstream`` or an int handle; by default it is torch's current stream on this device
     when torch was imported before :meth:`Kernel.prepare`, else the stream given to
     ``prepare``, else the legacy default stream. An empty grid launches nothing.
@@ -191,12 +192,7 @@ class PreparedLaunch:
         """Why a plain call could not pack its arguments (the slow path, for errors only)."""
         for arg, value in zip(self.args, args, strict=True):
             if arg.is_pointer and value.__class__ is not int and not hasattr(value, "data_ptr"):
-                return LaunchArgumentError(
-                    self.name,
-                    arg.name,
-                    "must be a device pointer (int), a Buffer or a tensor",
-                    type(value).__name__,
-                )
+                return LaunchArgumentError(self.name, arg.name, NOT_A_POINTER, type(value).__name__)
             error = None if arg.is_pointer else scalar_error(self.name, arg, value)
             if error is not None:
                 return error

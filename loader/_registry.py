@@ -236,7 +236,8 @@ class Registry:
 
     def devices_of(self, kernel: Kernel) -> tuple[int, ...]:
         """The devices on which ``kernel`` has a function handle."""
-        return tuple(sorted(d for k, d in self._functions if k == kernel.key))
+        with self._lock:
+            return tuple(sorted(d for k, d in self._functions if k == kernel.key))
 
     def preload(
         self, manifest: Manifest | Mapping[str, Any], *, devices: Iterable[int] | None = None

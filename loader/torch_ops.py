@@ -23,9 +23,10 @@ from typing import Any
 
 import torch
 
+from ._abi import DTYPES
 from ._launch import PreparedLaunch
 from ._registry import Registry
-from .errors import VariantMissError
+from .errors import LaunchArgumentError, VariantMissError
 
 __all__ = [
     "MoeW4A16Op",
@@ -36,14 +37,14 @@ __all__ = [
     "register_topk_sum",
 ]
 
-_DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+_DTYPE_NAMES = {getattr(torch, DTYPES[n].torch_name): n for n in ("fp32", "fp16", "bf16")}
 
 
 def _dtype_name(dtype: torch.dtype, what: str) -> str:
     try:
         return _DTYPE_NAMES[dtype]
     except KeyError:
-        raise ValueError(f"{what} must be float32, float16 or bfloat16 (got {dtype})") from None
+        raise LaunchArgumentError("torch op", what, "must be float32, float16 or bfloat16", dtype) from None
 
 
 class _RegistryOp:

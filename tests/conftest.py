@@ -139,7 +139,7 @@ launch:
   grid:  ["num_tokens", "cdiv(hidden, cta_threads * 8)", 1]
   block: ["cta_threads", 1, 1]
   smem: 0
-  requires: ["num_tokens >= 0"]
+  requires: ["num_tokens >= 0", "num_tokens * topk * hidden < 2147483648"]  # 32-bit element offsets
 limits:
   max_spill_bytes: 0
 """

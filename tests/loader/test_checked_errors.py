@@ -19,7 +19,15 @@ from typing import Any
 import pytest
 
 from b12x_aot.compiler import expand, load_spec
-from b12x_aot.loader import DTYPES, Buffer, IndexEntry, LaunchArgumentError, PreparedLaunch, canonical_json
+from b12x_aot.loader import (
+    DTYPES,
+    Buffer,
+    IndexEntry,
+    LaunchArgumentError,
+    PreparedLaunch,
+    UncheckedSizeWarning,
+    canonical_json,
+)
 
 from ..conftest import SPECS
 from .conftest import RecordingDriver
@@ -290,3 +298,62 @@ def test_specs_give_every_pointer_a_shape() -> None:
         spec = load_spec(path)
         unshaped = [a.name for a in spec.args if a.kind == "ptr" and a.shape is None]
         assert not unshaped, f"{path.name}: {unshaped}"
+
+
+def synthetic(
+    args: list[dict], grid: list, requires: tuple[str, ...] = (), params: dict | None = None
+) -> IndexEntry:
+    """An index entry for a made-up ABI, to reach the corners no bundled spec has."""
+    launch = {"grid": grid, "block": [32, 1, 1], "smem": 0, "cluster": None, "requires": list(requires)}
+    row = (
+        "k" * 64,
+        "test.abi",
+        1,
+        "sm_90a",
+        canonical_json(params or {}),
+        "0" * 64,
+        "kernel",
+        canonical_json(args),
+        canonical_json(launch),
+        None,
+    )
+    return IndexEntry(row)
+
+
+def test_corners_raise_launch_argument_errors(driver: RecordingDriver) -> None:
+    f32 = synthetic([{"name": "x", "kind": "f32"}], [1, 1, 1])
+    launch = PreparedLaunch(f32, 0, None, 7)
+    for bad in (1e300, float("inf"), float("nan")):
+        with pytest.raises(LaunchArgumentError, match="finite number in f32 range"):
+            launch.checked(bad)
+    launch.checked(2.5)
+
+    divided = synthetic(
+        [
+            {"name": "p", "kind": "ptr", "dtype": "u8", "align": 1, "shape": ["64 // n"]},
+            {"name": "n", "kind": "i32"},
+        ],
+        [1, 1, 1],
+    )
+    launch = PreparedLaunch(divided, 0, None, 7)
+    with pytest.raises(LaunchArgumentError, match="cannot be evaluated"):
+        launch.checked(Buffer(1 << 32, 64), 0)
+
+    with pytest.warns(UncheckedSizeWarning, match="no shape for p"):
+        unsized = PreparedLaunch(
+            synthetic([{"name": "p", "kind": "ptr", "dtype": "u8", "align": 1}], [1, 1, 1]), 0, None, 7
+        )
+    with pytest.raises(LaunchArgumentError, match=r"address in \[0, 2\*\*64\)"):
+        unsized.checked(-16)
+    unsized.checked(16)
+
+    empty = PreparedLaunch(synthetic([], [1, 1, 1]), 0, None, 7)
+    empty.checked()
+    with pytest.raises(LaunchArgumentError, match="count is wrong"):
+        empty.checked(1)
+
+    tall = PreparedLaunch(synthetic([{"name": "n", "kind": "i32"}], [1, "n", 1]), 0, None, 7)
+    tall.checked(65535)
+    with pytest.raises(LaunchArgumentError, match="grid"):
+        tall.checked(65536)
+    assert len(driver.calls) == 4

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from b12x_aot.loader import Expr, ExpressionError, Geometry
+from b12x_aot.loader import Expr, ExpressionError, Geometry, cdiv
 
 
 @pytest.mark.parametrize(
@@ -87,3 +87,46 @@ def test_geometry_json_round_trip() -> None:
 def test_geometry_static_must_be_non_negative_int() -> None:
     with pytest.raises(ExpressionError, match="must evaluate to an int >= 0"):
         Geometry.parse([1, 1, 1], ["0 - t", 1, 1]).bind_static({"t": 4})
+
+
+def test_inline_python_evaluates_like_the_evaluator() -> None:
+    """Expr.python (what generated launch code inlines) against Expr.evaluate, over negatives and
+    zeros too: floor division, modulo, shifts, chains, and/or/not, conditionals, calls."""
+    sources = [
+        "a // b",
+        "a % b",
+        "a << 2",
+        "a >> 1",
+        "-a + p * b",
+        "cdiv(a, p)",
+        "min(a, b, p)",
+        "max(a - b, 0)",
+        "0 <= a < b",
+        "a == b or p > 3",
+        "a and b",
+        "a or b",
+        "not a and b",
+        "a if b > 0 else p",
+        "(a * b) // (p + 1) % 7",
+    ]
+    for source in sources:
+        expr = Expr.parse(source)
+        code = expr.python({"p": 5}, {"a": 0, "b": 1})
+        assert code is not None and "p" not in code.replace("a0", "").replace("a1", ""), (source, code)
+        inline = eval(f"lambda a0, a1: {code}", {"_cdiv": cdiv})
+        for a in range(-9, 10):
+            for b in range(-9, 10):
+                try:
+                    want = expr.evaluate({"a": a, "b": b, "p": 5})
+                except ZeroDivisionError:
+                    with pytest.raises(ZeroDivisionError):
+                        inline(a, b)
+                    continue
+                got = inline(a, b)
+                assert got == want and type(got) is type(want), (source, a, b, got, want)
+
+
+def test_inline_python_leaves_out_what_it_cannot_write() -> None:
+    assert Expr.parse("a in (1, 2)").python({}, {"a": 0}) is None
+    assert Expr.parse("s == 'x'").python({"s": "x"}, {}) == "True"  # params fold to a literal
+    assert Expr.parse("sizeof(s)").python({"s": "bf16"}, {}) == "2"

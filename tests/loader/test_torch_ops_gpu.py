@@ -55,7 +55,7 @@ def test_mxfp8_op_eager_graph_and_compile(gpu_registry) -> None:
         assert _same(q, want_q) and _same(s, want_s)
 
     _eager_graph_compiled(lambda t: op.op(t, "floor"), (x,), (fresh,), check)
-    with pytest.raises(ValueError, match="x must be float32, float16 or bfloat16"):
+    with pytest.raises(ValueError, match="argument 'x' must be float32, float16 or bfloat16"):
         op(x.int())
     with pytest.raises(VariantMissError, match="b12x-compile"):
         op(torch.zeros(4, 96, device="cuda", dtype=dtype))  # K = 96 is not built
