@@ -9,13 +9,30 @@ from ._build import BuildSummary, run_build
 from ._closure import source_closure
 from ._contract import check_contract, check_limits
 from ._cubin import CubinInfo, inspect_cubin
+from ._dask import DaskExecutor
 from ._driver import CompileJob, CompileOutcome, compile_job, prepare_worker
+from ._executor import Executor, executor_from
 from ._plan import STATES, Plan, PlanItem, in_shard, make_plan, parse_shard
+from ._pool import LocalExecutor
 from ._sass import find_nvdisasm, sass_histograms
 from ._spec import ArgTemplate, Limits, Spec, load_spec, load_specs
-from ._toolchain import COMPILE_OPTIONS, current_toolchain
+from ._toolchain import (
+    COMPILE_OPTIONS,
+    Fingerprint,
+    current_toolchain,
+    environment_fingerprint,
+    ptxas_release,
+)
 from ._variants import Rejection, Variant, expand, parse_where
-from .errors import ClosureError, CompilerError, ContractError, SpecError, SpecFault, ToolchainError
+from .errors import (
+    ClosureError,
+    CompilerError,
+    ContractError,
+    ExecutorError,
+    SpecError,
+    SpecFault,
+    ToolchainError,
+)
 
 __all__ = [
     "ARCHS",
@@ -30,7 +47,12 @@ __all__ = [
     "CompilerError",
     "ContractError",
     "CubinInfo",
+    "DaskExecutor",
+    "Executor",
+    "ExecutorError",
+    "Fingerprint",
     "Limits",
+    "LocalExecutor",
     "Plan",
     "PlanItem",
     "Rejection",
@@ -43,6 +65,8 @@ __all__ = [
     "check_limits",
     "compile_job",
     "current_toolchain",
+    "environment_fingerprint",
+    "executor_from",
     "expand",
     "find_nvdisasm",
     "in_shard",
@@ -53,6 +77,7 @@ __all__ = [
     "parse_shard",
     "parse_where",
     "prepare_worker",
+    "ptxas_release",
     "run_build",
     "sass_histograms",
     "source_closure",

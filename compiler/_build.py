@@ -15,8 +15,8 @@ from typing import Any
 from b12x_aot.registry import FailureRecord, RegistryStore, RegistryWriter, VariantRecord
 
 from ._driver import CompileJob, CompileOutcome
+from ._executor import Executor
 from ._plan import Plan
-from ._pool import run_jobs
 from ._variants import Variant
 
 __all__ = ["BuildSummary", "run_build"]
@@ -65,12 +65,20 @@ def run_build(
     plan: Plan,
     store: RegistryStore,
     *,
-    workers: int,
+    executor: Executor,
     timeout: float | None,
     command: str,
     on_outcome: Callable[[str], None] = lambda status: None,
 ) -> BuildSummary:
-    """Compile the plan's new and stale variants and record every outcome."""
+    """Compile the plan's new and stale variants on ``executor`` and record every outcome.
+
+    This process is the only one that writes ``store``: the executor's workers only compile and
+    return outcomes. Before anything is recorded, ``executor.check(plan)`` must accept every
+    worker's toolchain (it raises :class:`ToolchainError` otherwise).
+    """
+    todo = {item.variant.key: item for item in plan.to_compile()}
+    if todo:
+        executor.check(plan)
     start = time.monotonic()
     writer = RegistryWriter(store)
     shard = f"{plan.shard[0]}/{plan.shard[1]}" if plan.shard else None
@@ -81,7 +89,6 @@ def run_build(
         if item.state in ("failed", "rejected"):
             bucket = summary.failed if item.state == "failed" else summary.rejected
             bucket.append(_reported(item.variant, item.stage, item.reason, item.recorded))
-    todo = {item.variant.key: item for item in plan.to_compile()}
 
     def record(outcome: CompileOutcome) -> None:
         v = todo[outcome.variant.key].variant
@@ -123,7 +130,7 @@ def run_build(
 
     status = "interrupted"
     try:
-        run_jobs([CompileJob.of(i.variant) for i in todo.values()], record, workers=workers, timeout=timeout)
+        executor.run_jobs([CompileJob.of(i.variant) for i in todo.values()], record, timeout=timeout)
         status = "ok" if summary.ok else "failed"
     finally:
         summary.seconds = time.monotonic() - start

@@ -74,6 +74,14 @@ class CompileOutcome:
     ptxas_flags: str | None = None
     sass: SassHistogram | None = None
 
+    @classmethod
+    def worker_failure(
+        cls, job: CompileJob, status: str, reason: str, seconds: float = 0.0, log: str = ""
+    ) -> CompileOutcome:
+        """A job that ended without a compile result: its process died, ran past its timeout or
+        never started (``status`` ``failed`` or ``timeout``, stage ``worker``)."""
+        return cls(job.variant, status, "worker", reason, log or reason, seconds)
+
 
 def prepare_worker(arch: str, scratch: str) -> None:
     """Bind this process to ``arch`` and import the DSL once. Call before anything else.

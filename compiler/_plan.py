@@ -28,6 +28,7 @@ from b12x_aot.registry import (
 
 from ._closure import source_closure
 from ._spec import Spec
+from ._toolchain import Fingerprint, ptxas_release
 from ._variants import Variant, expand
 
 __all__ = ["STATES", "Plan", "PlanItem", "make_plan", "parse_shard"]
@@ -63,6 +64,15 @@ class Plan:
 
     def provenance_of(self, variant: Variant) -> Provenance:
         return self.provenance[(variant.spec.family, variant.spec.abi)]
+
+    def fingerprint(self) -> Fingerprint:
+        """What a process must share with this one to compile the new and stale variants: the
+        plan's toolchain and closures, and this environment's ptxas release (read once)."""
+        closures = {}
+        for item in self.to_compile():
+            prov = self.provenance_of(item.variant)
+            closures[prov.module] = prov.source
+        return Fingerprint.of(self.toolchain, ptxas_release(self.toolchain), closures)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -21,6 +21,7 @@ from b12x_aot.registry import RegistryError, RegistryStore
 
 from ._arch import ARCHS
 from ._build import BuildSummary, run_build
+from ._executor import EXECUTOR_FORMS, executor_from
 from ._plan import Plan, make_plan, parse_shard
 from ._progress import BuildProgress
 from ._sass import find_nvdisasm
@@ -35,6 +36,10 @@ __all__ = ["main"]
 def _error(message: str) -> None:
     """Print an error unwrapped, so file:line: field prefixes stay on one line."""
     click.echo(click.style("error:", fg="red") + " " + message, err=True)
+
+
+def _warn(message: str) -> None:
+    click.echo(click.style("warning:", fg="yellow") + " " + message, err=True)
 
 
 _DETAIL_ROWS = 40
@@ -115,7 +120,19 @@ def _print_summary(console: Console, summary: BuildSummary) -> None:
     help="Only variants with this param value (repeatable).",
 )
 @click.option(
-    "-j", "--jobs", type=click.IntRange(min=1), default=None, help="Compile processes [default: CPU count]."
+    "--executor",
+    "executor_text",
+    default="local",
+    show_default=True,
+    metavar="local|dask://HOST:PORT|dask+file://PATH",
+    help=f"Where variants compile: {EXECUTOR_FORMS}. A cluster needs the [dask] extra.",
+)
+@click.option(
+    "-j",
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Compile processes of --executor local [default: CPU count]; a dask cluster has its workers'.",
 )
 @click.option(
     "--timeout",
@@ -152,6 +169,7 @@ def main(
     registry: str,
     archs: tuple[str, ...],
     where: tuple[str, ...],
+    executor_text: str,
     jobs: int | None,
     timeout: float,
     shard: str | None,
@@ -163,11 +181,13 @@ def main(
 ) -> None:
     """Compile every variant of SPECS (YAML files or directories) into a registry.
 
-    Plans first (no DSL import), then compiles what is new or stale on a process pool,
-    committing each variant as it finishes. Exits 1 if any variant failed, 2 on bad input.
+    Plans first (no DSL import), then compiles what is new or stale on a local process pool or
+    a dask cluster (--executor), committing each variant here as it finishes. Exits 1 if any
+    variant failed, 2 on bad input or a worker whose toolchain differs from this one's.
     """
     console = Console(stderr=as_json)
     try:
+        executor = executor_from(executor_text, jobs=jobs)
         loaded = load_specs(specs)
         where_map = parse_where(where)
         shard_t = parse_shard(shard) if shard else None
@@ -209,20 +229,28 @@ def main(
     assert store is not None
     todo = len(plan.to_compile())
     if todo and find_nvdisasm() is None:
-        click.echo(
-            click.style("warning:", fg="yellow") + " nvdisasm not found (install the [sass] extra): SASS "
-            "histograms and spill counts will be recorded as unknown",
-            err=True,
+        _warn(
+            "nvdisasm not found (install the [sass] extra): SASS histograms and spill counts will be "
+            "recorded as unknown"
         )
-    with BuildProgress(todo, console) as progress:
-        summary = run_build(
-            plan,
-            store,
-            workers=jobs or os.cpu_count() or 1,
-            timeout=timeout,
-            command=shlex.join(["b12x-compile", *sys.argv[1:]]),
-            on_outcome=progress.update,
-        )
+    if jobs is not None and executor_text != "local":
+        _warn(f"-j applies to --executor local; {executor.describe()} compiles on its workers")
+    try:
+        with executor:
+            if todo:
+                executor.check(plan)  # before the progress bar: a refusal is the only output
+            with BuildProgress(todo, console) as progress:
+                summary = run_build(
+                    plan,
+                    store,
+                    executor=executor,
+                    timeout=timeout,
+                    command=shlex.join(["b12x-compile", *sys.argv[1:]]),
+                    on_outcome=progress.update,
+                )
+    except CompilerError as exc:
+        _error(exc.format_message())
+        sys.exit(exc.exit_code)
     if as_json:
         click.echo(json.dumps(summary.to_json(), indent=1))
     else:

@@ -12,6 +12,7 @@ __all__ = [
     "ClosureError",
     "CompilerError",
     "ContractError",
+    "ExecutorError",
     "SpecError",
     "SpecFault",
     "ToolchainError",
@@ -64,3 +65,10 @@ class ToolchainError(CompilerError):
 
 class ContractError(CompilerError):
     """A compiled cubin breaks the AOT launch contract its spec declares."""
+
+
+class ExecutorError(CompilerError):
+    """An executor cannot be chosen, reached or used: a bad ``--executor`` value, the [dask]
+    extra missing, a scheduler that does not answer, or a cluster with no workers."""
+
+    exit_code = 2

@@ -13,7 +13,6 @@ build it.
 """
 
 from ._abi import DTYPES, SCALAR_KINDS, Arg, DType, ParamLayout, ScalarKind
-from ._checks import Buffer, UncheckedSizeWarning
 from ._cuda import check, current_device, ensure_init
 from ._expr import Expr, cdiv
 from ._geometry import Geometry, StaticGeometry
@@ -97,13 +96,20 @@ __all__ = [
     "variant_label",
 ]
 
-_LAZY = {"Manifest", "ParamRange", "Requirement"}
+# Loaded on first use: serving processes that never touch them skip their import.
+_LAZY = {
+    "Buffer": "_checks",
+    "UncheckedSizeWarning": "_checks",
+    "Manifest": "_manifest",
+    "ParamRange": "_manifest",
+    "Requirement": "_manifest",
+}
 
 
 def __getattr__(name: str) -> object:
-    """Manifest records load on first use: serving processes that never use them skip it."""
-    if name in _LAZY:
-        from . import _manifest
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-        return getattr(_manifest, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)

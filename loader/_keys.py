@@ -30,10 +30,11 @@ __all__ = [
 # Bump when the encoding below changes; every key changes with it.
 KEY_SCHEMA_VERSION = 1
 
-_ARCH = re.compile(r"^sm_\d{2,3}[af]?$")
+# Patterns, not compiled ones: re compiles (and caches) them on first use, not at import.
+_ARCH = r"^sm_\d{2,3}[af]?$"
 # One encoder, reused: json.dumps with non-default options builds a new one on every call.
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-_FAMILY = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
+_FAMILY = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$"
 
 
 def canonical_json(value: Any) -> str:
@@ -50,7 +51,7 @@ def canonical_hash(value: Any) -> str:
 
 def check_family(family: object) -> str:
     """Return ``family`` if it is a dotted lowercase family name; raise ``ValueError`` if not."""
-    if not isinstance(family, str) or not _FAMILY.match(family):
+    if not isinstance(family, str) or not re.match(_FAMILY, family):
         raise ValueError(f"family must be dotted lowercase like 'moe.topk_sum' (got {family!r})")
     return family
 
@@ -78,7 +79,7 @@ def variant_key(*, family: str, abi: int, arch: str, params: Mapping[str, object
     check_family(family)
     if isinstance(abi, bool) or not isinstance(abi, int) or abi < 1:
         raise ValueError(f"abi must be a positive integer (got {abi!r})")
-    if not _ARCH.match(arch):
+    if not isinstance(arch, str) or not re.match(_ARCH, arch):
         raise ValueError(f"arch must look like 'sm_90a' (got {arch!r})")
     payload = {
         "key_schema": KEY_SCHEMA_VERSION,

@@ -14,16 +14,20 @@ from __future__ import annotations
 import ctypes
 import struct
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cuda.bindings import driver as cu
 
 from ._abi import Arg, ParamLayout
-from ._checks import NOT_A_POINTER, UncheckedSizeWarning, checked_source, scalar_error
-from ._codegen import Codegen
 from ._cuda import check, torch_stream_getter
 from ._index import IndexEntry
 from .errors import LaunchArgumentError
+
+if TYPE_CHECKING:
+    from ._codegen import Codegen
+
+# The code generators (``_codegen``, ``_checks``) load on the first prepare, not at import:
+# ``import b12x_aot.loader`` stays within its budget.
 
 __all__ = ["PreparedLaunch"]
 
@@ -93,6 +97,9 @@ class PreparedLaunch:
     def _bind(
         self, entry: IndexEntry, device: int, function: Any, stream: Any, namespace: dict[str, Any]
     ) -> None:
+        from ._checks import UncheckedSizeWarning, checked_source
+        from ._codegen import Codegen
+
         self.entry = entry
         self.device = device
         self.name = entry.label
@@ -190,6 +197,8 @@ class PreparedLaunch:
 
     def _diagnose(self, args: Sequence[Any], exc: Exception) -> LaunchArgumentError:
         """Why a plain call could not pack its arguments (the slow path, for errors only)."""
+        from ._checks import NOT_A_POINTER, scalar_error
+
         for arg, value in zip(self.args, args, strict=True):
             if arg.is_pointer and value.__class__ is not int and not hasattr(value, "data_ptr"):
                 return LaunchArgumentError(self.name, arg.name, NOT_A_POINTER, type(value).__name__)

@@ -130,3 +130,36 @@ def test_build_warns_when_nvdisasm_is_missing(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "warning: nvdisasm not found (install the [sass] extra)" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("executor", "message"),
+    [
+        (
+            "ftp://sched:8786",
+            "--executor takes local, dask://HOST:PORT (or tcp://, tls://) or dask+file://PATH",
+        ),
+        ("dask://sched", "needs a scheduler address HOST:PORT, like dask://sched:8786 (got 'dask://sched')"),
+        ("dask+file://", "--executor dask+file:// needs a path"),
+    ],
+)
+def test_a_bad_executor_is_refused_before_planning(tmp_path: Path, executor: str, message: str) -> None:
+    spec = write_spec(tmp_path, "s.yaml", ONE_ARCH)
+    proc = run_compile(
+        str(spec), "--registry", str(tmp_path / "r.db"), "--executor", executor, "--dry-run", check=False
+    )
+    assert proc.returncode == 2
+    assert message in " ".join(proc.stderr.split())
+
+
+def test_a_cluster_build_without_the_dask_extra_says_how_to_get_it(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "s.yaml", ONE_ARCH)
+    code = (
+        "import sys\n"
+        "sys.modules['distributed'] = None  # as if the [dask] extra were not installed\n"
+        "from b12x_aot.compiler.cli import main\n"
+        f"main([{str(spec)!r}, '--registry', {str(tmp_path / 'r.db')!r}, '--executor', 'dask://sched:8786'])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    assert "pip install 'b12x-aot[dask]'" in proc.stderr
