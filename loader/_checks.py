@@ -63,9 +63,10 @@ def checked(self, {params}*extra, stream=None):
 """
 
 
-def checked_source(entry: IndexEntry, cg: Codegen, device: int) -> tuple[str, str]:
-    """The source of ``checked`` for this variant up to its launch, and the values to pack
-    (validated pointers as ``p{i}``); binds what it needs into ``cg.env``."""
+def checked_source(entry: IndexEntry, cg: Codegen, device: int) -> tuple[str, str, list[str]]:
+    """The source of ``checked`` for this variant up to its launch, the values to pack
+    (validated pointers as ``p{i}``) and the grid dimensions it checked (for the launch line);
+    binds what it needs into ``cg.env``."""
     diag = _Diagnostics(entry, device, cg.positions)
     cg.env.update(
         MISSING=_MISSING,
@@ -112,7 +113,7 @@ def checked_source(entry: IndexEntry, cg: Codegen, device: int) -> tuple[str, st
         body=_indent("".join(body)) or "        pass\n",
     )
     values = ", ".join(f"p{i}" if a.is_pointer else f"a{i}" for i, a in enumerate(entry.args))
-    return source, values
+    return source, values, dims
 
 
 def _indent(lines: str) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import struct
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cuda.bindings import driver as cu
 
@@ -22,9 +22,6 @@ from ._abi import Arg, ParamLayout
 from ._cuda import check, torch_stream_getter
 from ._index import IndexEntry
 from .errors import LaunchArgumentError
-
-if TYPE_CHECKING:
-    from ._codegen import Codegen
 
 # The code generators (``_codegen``, ``_checks``) load on the first prepare, not at import:
 # ``import b12x_aot.loader`` stays within its budget.
@@ -122,9 +119,8 @@ class PreparedLaunch:
         }
         default_stream = self._stream_source(device, stream, env)
 
-        def tail(cg: Codegen) -> str:
+        def tail(dims: list[str]) -> str:
             """The lines from the grid to the driver call, for either generated function."""
-            dims = [cg.value(e) for e in entry.geometry.grid]
             varying = ["0"] if "0" in dims else [d for d in dims if not d.isdigit()]
             return _LAUNCH.format(
                 guard=f"    if not ({' and '.join(varying)}):\n        return\n" if varying else "",
@@ -143,14 +139,13 @@ class PreparedLaunch:
             f"{n} if {n}.__class__ is int else {n}.data_ptr()" if a.is_pointer else n
             for n, a in zip(call.names, self.args, strict=True)
         ]
-        launch = tail(call)
+        launch = tail([call.value(e) for e in entry.geometry.grid])
         source = _CALL.format(
             sig=call.signature, values=", ".join(values), args=call.args_line, launch=launch
         )
         checks = Codegen(entry, env)
-        body, packed = checked_source(entry, checks, device)
-        launch = tail(checks)
-        source += body + f"    pack(buf, 0, {packed})\n" + launch
+        body, packed, dims = checked_source(entry, checks, device)
+        source += body + f"    pack(buf, 0, {packed})\n" + tail(dims)
         exec(compile(source, f"<prepared launch {entry.family}>", "exec"), env, namespace)
         unsized = [a.name for a in self.args if a.is_pointer and a.shape is None]
         if unsized:

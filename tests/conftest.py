@@ -145,6 +145,13 @@ limits:
 """
 
 
+# TOPK_SMALL for sm_90a only, and narrowed further to a single variant.
+ONE_ARCH = TOPK_SMALL.replace("archs: [sm_90a, sm_100a, sm_120a]", "archs: [sm_90a]")
+ONE_VARIANT = ONE_ARCH.replace("output: [fp32, bf16]", "output: [fp32]").replace(
+    "cta_threads: [128, 256]", "cta_threads: [128]"
+)
+
+
 @pytest.fixture(scope="session")
 def small_spec_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("specs")

@@ -10,11 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import ROOT, TOPK_SMALL, registry_cli, run_compile, write_spec
+from ..conftest import ONE_ARCH, ONE_VARIANT, ROOT, registry_cli, run_compile, write_spec
 
 pytestmark = pytest.mark.dsl
-
-ONE_ARCH = TOPK_SMALL.replace("archs: [sm_90a, sm_100a, sm_120a]", "archs: [sm_90a]")
 
 
 def test_a_variant_past_its_timeout_fails_alone(tmp_path: Path) -> None:
@@ -115,9 +113,7 @@ def test_build_warns_when_nvdisasm_is_missing(tmp_path: Path) -> None:
     spec = write_spec(
         tmp_path,
         "s.yaml",
-        ONE_ARCH.replace("output: [fp32, bf16]", "output: [fp32]").replace(
-            "cta_threads: [128, 256]", "cta_threads: [128]"
-        ),
+        ONE_VARIANT,
     )
     code = (
         "import sys\n"

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ..conftest import ROOT, TOPK_SMALL, run_compile, write_spec
+from ..conftest import ONE_ARCH, ONE_VARIANT, ROOT, TOPK_SMALL, run_compile, write_spec
 from .test_build import consistent, current
 
 distributed = pytest.importorskip("distributed")
@@ -49,8 +49,6 @@ class TopKSum(_Base):
             os.kill(os.getppid(), signal.SIGKILL)
         super().__init__(geometry, static, **params)
 """
-
-ONE_ARCH = TOPK_SMALL.replace("archs: [sm_90a, sm_100a, sm_120a]", "archs: [sm_90a]")
 
 
 def fake_spec(modes: str) -> str:
@@ -275,9 +273,7 @@ def test_a_local_build_never_imports_dask(tmp_path: Path) -> None:
     spec = write_spec(
         tmp_path,
         "s.yaml",
-        ONE_ARCH.replace("output: [fp32, bf16]", "output: [fp32]").replace(
-            "cta_threads: [128, 256]", "cta_threads: [128]"
-        ),
+        ONE_VARIANT,
     )
     code = (
         "import sys\n"

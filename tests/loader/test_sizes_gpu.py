@@ -6,28 +6,13 @@ from __future__ import annotations
 import pytest
 
 from b12x_aot.comm import CapacityError, create_local_group
-from b12x_aot.loader import DTYPES, LaunchArgumentError
+from b12x_aot.loader import LaunchArgumentError
 
 from ..conftest import family_variants
+from ..kernels.exact_size_launches import tensors_for
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
-
-
-def _tensors(launch, scalars: dict[str, int], gen) -> list:
-    """Exactly the shapes the spec gives, filled with small random values."""
-    shapes = launch.shapes(**scalars)
-    out = []
-    for arg in launch.args:
-        if not arg.is_pointer:
-            out.append(scalars[arg.name])
-            continue
-        dtype = getattr(torch, DTYPES[arg.dtype].torch_name)
-        if dtype.is_floating_point and dtype.itemsize > 1:
-            out.append(torch.randn(shapes[arg.name], device="cuda", generator=gen).to(dtype))
-        else:
-            out.append(torch.randint(0, 8, shapes[arg.name], device="cuda", generator=gen).to(dtype))
-    return out
 
 
 def _short(t: torch.Tensor) -> torch.Tensor:
@@ -45,14 +30,14 @@ def test_a_short_buffer_is_refused_and_the_next_call_works(gpu_registry, device_
     for i, arg in enumerate(launch.args):
         if not arg.is_pointer:
             continue
-        args = _tensors(launch, scalars, gen)
+        args = tensors_for(launch, scalars, gen)
         args[i] = _short(args[i])
         with pytest.raises(LaunchArgumentError, match=f"argument '{arg.name}'"):
             launch.checked(*args)
         refused += 1
     assert refused >= 2
     torch.cuda.synchronize()  # nothing was launched, and the context is healthy
-    args = _tensors(launch, scalars, gen)
+    args = tensors_for(launch, scalars, gen)
     if family == "moe.w4a16":  # it reads the blocks route packing lays out: pack them first
         (pack_entry,) = [
             e
