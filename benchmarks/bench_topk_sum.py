@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from b12x_aot.loader import Registry, VariantMissError
 
-from _timing import copy_gbps, device_ms, emit
+from _timing import copy_gbps, device_ms, emit, graph_us
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NUM_EXPERTS = 256
@@ -30,20 +30,8 @@ CASES = (
     ({"element": "fp16", "output": "fp16", "topk": 4, "hidden": 2048, "cta_threads": 256}, 8192),
     ({"element": "bf16", "output": "bf16", "topk": 8, "hidden": 7168, "cta_threads": 128}, 16),
     ({"element": "bf16", "output": "bf16", "topk": 8, "hidden": 7168, "cta_threads": 128}, 1),
+    ({"element": "bf16", "output": "bf16", "topk": 1, "hidden": 2048, "cta_threads": 256}, 8192),
 )
-
-
-def graph_us(fn, launches: int = 50, reps: int = 20) -> float:
-    """Per-launch device time from replaying a graph of ``launches`` launches (no launch gaps)."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(launches):
-            fn()
-    return device_ms(graph.replay, reps=reps) * 1e3 / launches
 
 
 def run(registry: Registry, params: dict, m: int, sets: int = 3) -> dict:
@@ -89,12 +77,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--registry", required=True)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--all-variants",
+        type=int,
+        metavar="M",
+        default=0,
+        help="instead of the fixed cases, every moe.topk_sum variant of this GPU's arch at M tokens",
+    )
     opts = parser.parse_args()
     torch.cuda.init()
     registry = Registry.open(opts.registry)
     copy = copy_gbps(1 << 30)
     rows = []
-    for params, m in CASES:
+    cases = CASES
+    if opts.all_variants:
+        arch = registry.arch(torch.cuda.current_device())
+        cases = [
+            (dict(e.params), opts.all_variants)
+            for e in sorted(registry.entries(), key=lambda e: sorted(e.params.items()))
+            if e.family == "moe.topk_sum" and e.arch == arch
+        ]
+    for params, m in cases:
         try:
             r = run(registry, params, m)
         except VariantMissError:

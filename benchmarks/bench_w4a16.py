@@ -4,16 +4,21 @@
 
 For every moe.w4a16 variant of the device's arch in the registry (narrowed by ``--where``):
 
-- **decode**: ``--decode-tokens`` tokens (default 16) x topk routed uniformly to
-  ``min(--experts, e_cap)`` experts; the weight bandwidth is the int4 weights plus scales of the
-  experts actually touched over the GEMM time, with L2 flushed before each launch. It is
-  reported against a device-to-device copy measured in the same run (bytes read + written).
+- **decode**: for each of ``--decode-tokens`` (default 1, 4 and 16 tokens) x topk routed
+  uniformly to ``min(--experts, e_cap)`` experts; the weight bandwidth is the int4 weights plus
+  scales of the experts actually touched over the GEMM time, with L2 flushed before each launch.
+  It is reported against a device-to-device copy measured in the same run (bytes read +
+  written), and the GEMM time against a read of the same number of bytes (``torch.sum`` over a
+  buffer that size, L2 flushed alike): the decode GEMM's bound.
 - **prefill**: ``--prefill-tokens`` tokens (default 4096); the GEMM time against torch bf16/fp16
   matmuls on pre-dequantized weights, one per expert over its pre-gathered rows (timed eager
   and as a replayed CUDA graph, each with L2 flushed before every launch; the ratio uses the
   faster of the two). The GEMM and torch are timed in alternation over ``--rounds`` rounds; the
   ratio is the median of the rounds' ratios, so a clock drift during the run moves both sides
-  alike.
+  alike. Also against one dense torch matmul of the same FLOPs (``tokens * topk`` rows): the
+  tensor cores' rate on this GPU, the prefill bound.
+- **route pack**: every moe.route_pack variant at each of ``--pack-tokens`` (default 1, 16 and
+  4096), per launch in a replayed graph of back-to-back launches.
 
 Every variant's decode runs before any prefill. Seconds of tensor-core work push the GPU to its
 power cap, and a decode measured right after runs slower: on an H200, 2 % to 8 % after 20 s of
@@ -23,7 +28,8 @@ Routes, activations and weights are seeded by the problem, so every variant of a
 registry or order, sees the same routes and so the same padding.
 
 Registers, spills and shared memory of each variant come from the registry file (sqlite3).
-Timings are medians of CUDA-event intervals (`_timing.device_ms`). Imports: the stdlib, torch,
+Timings are medians of CUDA-event intervals (`_timing.device_ms`, which keeps the GPU busy
+while the host launches, so no launch time is counted). Imports: the stdlib, torch,
 b12x_aot.loader and the benchmarks' `_timing`.
 """
 
@@ -38,7 +44,7 @@ import torch
 
 from b12x_aot.loader import Registry
 
-from _timing import copy_gbps, device_ms, emit
+from _timing import copy_gbps, device_ms, emit, graph_us
 
 TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -89,6 +95,8 @@ class Bench:
         self.weights: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self.baselines: dict[tuple, dict] = {}
         self.packs: dict[tuple, object] = {}
+        self.reads: dict[int, float] = {}
+        self.dense: dict[tuple, float] = {}
 
     def route_pack(self, entry):
         """The prepared moe.route_pack variant whose scratch layout matches the GEMM's params."""
@@ -122,14 +130,20 @@ class Bench:
             self.weights[problem] = (w, s.to(TORCH[p["element"]]))
         return self.weights[problem]
 
-    def run(self, entry, phase: str) -> dict:
-        """Time route packing and the GEMM for the phase's tokens; prefill also times torch."""
+    def read_s(self, nbytes: int) -> float:
+        """Seconds to read ``nbytes`` once from DRAM (``torch.sum``, L2 flushed before each)."""
+        if nbytes not in self.reads:
+            buf = torch.zeros(nbytes // 4, device="cuda", dtype=torch.float32)
+            self.reads[nbytes] = timed(buf.sum, self.args.iters, before=self.flush.sum)
+        return self.reads[nbytes]
+
+    def run(self, entry, phase: str, tokens: int) -> dict:
+        """Time route packing and the GEMM for ``tokens`` tokens; prefill also times torch."""
         p, a = dict(entry.params), self.args
         gemm = self.registry.kernel(entry.family, entry.abi, **p).prepare()
         pack = self.route_pack(entry)
         experts = min(a.experts, p["e_cap"])
         w, s = self.weights_for(p, experts)
-        tokens = a.decode_tokens if phase == "decode" else a.prefill_tokens
         iters, elem = a.iters, TORCH[p["element"]]
         gen = seeded(tokens, p["topk"], experts, p["k"])
         x = torch.randn(tokens, p["k"], device="cuda", generator=gen).to(elem)
@@ -144,7 +158,7 @@ class Bench:
         result = {
             "tokens": tokens,
             "experts_touched": touched,
-            "route_pack_s": timed(lambda: pack(scratch, ids, tokens, experts), iters),
+            "route_pack_s": graph_us(lambda: pack(scratch, ids, tokens, experts)) / 1e6,
         }
 
         def launch() -> None:
@@ -155,10 +169,32 @@ class Bench:
             if problem not in self.baselines:
                 self.baselines.clear()  # before building the next problem's: they are large
                 self.baselines[problem] = self.torch_baseline(x, ids, w, s, p)
-            return result | self.versus_torch(launch, self.baselines[problem])
+            flops = 2 * tokens * p["topk"] * p["n"] * p["k"]
+            mine = self.versus_torch(launch, self.baselines[problem])
+            dense = self.dense_s(tokens * p["topk"], p["n"], p["k"], elem)
+            return result | mine | {"flops": flops, "dense_s": dense, "of_dense": dense / mine["gemm_s"]}
         t_gemm = timed(launch, iters, before=self.flush.sum)
         weight_bytes = touched * p["n"] * (p["k"] // 2 + p["k"] // p["group"] * s.element_size())
-        return result | {"gemm_s": t_gemm, "weight_bytes_per_s": weight_bytes / t_gemm}
+        read = self.read_s(weight_bytes)
+        return result | {
+            "gemm_s": t_gemm,
+            "weight_bytes": weight_bytes,
+            "weight_bytes_per_s": weight_bytes / t_gemm,
+            "read_s": read,
+            "gemm_over_read": t_gemm / read,
+        }
+
+    def dense_s(self, m: int, n: int, k: int, dtype) -> float:
+        """Seconds of one dense ``[m, k] x [k, n]`` torch matmul: the same FLOPs as the GEMM at
+        the tensor cores' dense rate (the prefill bound)."""
+        key = (m, n, k, dtype)
+        if key not in self.dense:
+            self.dense.clear()
+            x = torch.randn(m, k, device="cuda").to(dtype)
+            w = torch.randn(n, k, device="cuda").to(dtype)
+            out = torch.empty(m, n, device="cuda", dtype=dtype)
+            self.dense[key] = timed(lambda: torch.matmul(x, w.T, out=out), self.args.iters)
+        return self.dense[key]
 
     def versus_torch(self, gemm, baseline: dict) -> dict:
         """The GEMM, torch eager and torch's graph replay, timed in turn for ``--rounds`` rounds."""
@@ -210,6 +246,30 @@ class Bench:
         return {"eager": loop, "graph": graph}  # both keep ``work`` alive
 
 
+def route_pack_table(registry: Registry, arch: str, args: argparse.Namespace) -> list[dict]:
+    """Every moe.route_pack variant of ``arch``, timed at each of ``--pack-tokens``: device
+    time per launch in a replayed graph of back-to-back launches (routes L2-resident, as right
+    after the router)."""
+    rows = []
+    tokens_list = args.pack_tokens
+    packs = [e for e in registry.entries() if e.family == "moe.route_pack" and e.arch == arch]
+    print(f"moe.route_pack\n{'variant':34} " + " ".join(f"{t:>7}" for t in tokens_list) + "  (us)")
+    for entry in sorted(packs, key=lambda e: sorted(e.params.items())):
+        p = dict(entry.params)
+        pack = registry.kernel(entry.family, entry.abi, **p).prepare()
+        experts = min(args.experts, p["e_cap"])
+        times = {}
+        for tokens in tokens_list:
+            ids = routes(tokens, p["topk"], experts, seeded(tokens, p["topk"], experts))
+            scratch = torch.empty(pack.shapes(num_tokens=tokens)["scratch"], device="cuda", dtype=torch.int32)
+            pack.checked(scratch, ids, tokens, experts)
+            times[tokens] = graph_us(lambda: pack(scratch, ids, tokens, experts)) / 1e6  # noqa: B023
+        rows.append({"params": p, "seconds": times})
+        name = "topk{topk} m{block_m} e{e_cap} t{cta_threads} r{cta_routes}".format(**p)
+        print(f"{name:34} " + " ".join(f"{times[t] * 1e6:>7.1f}" for t in tokens_list), flush=True)
+    return rows
+
+
 def problem_of(params) -> tuple:
     """What the data, routes and torch's work depend on (the rest is tiling), in the order that
     keeps each cached weight set and torch baseline in use longest: ``output`` changes neither."""
@@ -223,11 +283,19 @@ def positive(text: str) -> int:
     return value
 
 
+def counts(text: str) -> list[int]:
+    """``"1,4,16"`` -> ``[1, 4, 16]``; ``""`` -> ``[]``."""
+    return [positive(part) for part in text.split(",") if part.strip()]
+
+
 def label(p: dict) -> str:
     """A variant's params in one table cell."""
-    return "{element}>{output} n{n} k{k} g{group} m{block_m} {tile_n}x{tile_k}x{stages} t{cta_threads} e{e_cap}".format(
-        **p
+    text = (
+        "{element}>{output} n{n} k{k} g{group} m{block_m} {tile_n}x{tile_k}x{stages} t{cta_threads}".format(
+            **p
+        )
     )
+    return text + (f" s{p['split_k']}" if p.get("split_k", 1) > 1 else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,8 +312,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--experts", type=positive, default=256, help="resident experts (capped at each variant's e_cap)"
     )
-    ap.add_argument("--decode-tokens", type=int, default=16)
-    ap.add_argument("--prefill-tokens", type=int, default=4096)
+    for flag, default, what in (
+        ("--decode-tokens", [1, 4, 16], "decode"),
+        ("--pack-tokens", [1, 16, 4096], "route pack"),
+    ):
+        ap.add_argument(
+            flag,
+            type=counts,
+            default=default,
+            metavar="N[,N...]",
+            help=f"{what} token counts (comma-separated; empty: none)",
+        )
+    ap.add_argument("--prefill-tokens", type=int, default=4096, help="prefill tokens (0: no prefill)")
     ap.add_argument("--iters", type=positive, default=20, help="timed launches per measurement")
     ap.add_argument("--rounds", type=positive, default=3, help="prefill: alternating GEMM/torch rounds")
     args = ap.parse_args(argv)
@@ -269,36 +347,46 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     copy_bw = copy_gbps(2 << 30) * 1e9  # bytes read + written per second
     bench = Bench(registry, args)
-    results = [{"params": dict(e.params), **res.get(e.key, {})} for e in entries]
+    results = [{"params": dict(e.params), **res.get(e.key, {}), "decode": {}} for e in entries]
     print(f"{arch}: copy bandwidth {copy_bw / 1e9:.0f} GB/s (read + write); {len(entries)} variants")
     # Every decode first: a decode right after a prefill runs on a GPU that the prefill's
     # tensor-core load has pushed into its power cap, at lower clocks.
-    print(
-        f"decode, {args.decode_tokens} tokens\n{'variant':58} {'regs':>4} {'spill':>5} {'smem':>7} "
-        f"{'pack us':>7} {'dec us':>7} {'GB/s':>6} {'/copy':>5}"
-    )
-    for entry, r in zip(entries, results, strict=True):
-        d = r["decode"] = bench.run(entry, "decode")
-        r["decode_ratio_to_copy"] = d["weight_bytes_per_s"] / copy_bw
+    for tokens in args.decode_tokens:
         print(
-            f"{label(r['params']):58} {r.get('registers', 0):>4} {r.get('spill_bytes', 0) or 0:>5} "
-            f"{r.get('dynamic_smem', 0):>7} {d['route_pack_s'] * 1e6:>7.1f} {d['gemm_s'] * 1e6:>7.1f} "
-            f"{d['weight_bytes_per_s'] / 1e9:>6.0f} {r['decode_ratio_to_copy']:>5.2f}",
-            flush=True,
+            f"decode, {tokens} tokens\n{'variant':58} {'regs':>4} {'spill':>5} {'smem':>7} "
+            f"{'pack us':>7} {'dec us':>7} {'GB/s':>6} {'/copy':>5} {'/read':>5}"
         )
-    print(
-        f"prefill, {args.prefill_tokens} tokens\n{'variant':58} {'pack us':>7} {'pre ms':>7} {'torch':>7} {'x':>5}"
-    )
+        for entry, r in zip(entries, results, strict=True):
+            d = r["decode"][tokens] = bench.run(entry, "decode", tokens)
+            d["ratio_to_copy"] = d["weight_bytes_per_s"] / copy_bw
+            print(
+                f"{label(r['params']):58} {r.get('registers', 0):>4} {r.get('spill_bytes', 0) or 0:>5} "
+                f"{r.get('dynamic_smem', 0):>7} {d['route_pack_s'] * 1e6:>7.1f} {d['gemm_s'] * 1e6:>7.1f} "
+                f"{d['weight_bytes_per_s'] / 1e9:>6.0f} {d['ratio_to_copy']:>5.2f} {d['gemm_over_read']:>5.2f}",
+                flush=True,
+            )
+    if args.prefill_tokens:
+        print(
+            f"prefill, {args.prefill_tokens} tokens\n{'variant':58} {'pack us':>7} {'pre ms':>7} "
+            f"{'torch':>7} {'x':>5} {'TFLOP/s':>7} {'/dense':>6}"
+        )
     for entry, r in zip(entries, results, strict=True):
-        f = r["prefill"] = bench.run(entry, "prefill")
+        if not args.prefill_tokens:
+            break
+        f = r["prefill"] = bench.run(entry, "prefill", args.prefill_tokens)
         torch_s = min(f["torch_eager_s"], f["torch_graph_s"])
         print(
             f"{label(r['params']):58} {f['route_pack_s'] * 1e6:>7.1f} {f['gemm_s'] * 1e3:>7.3f} "
-            f"{torch_s * 1e3:>7.3f} {f['speedup_vs_torch']:>5.2f}",
+            f"{torch_s * 1e3:>7.3f} {f['speedup_vs_torch']:>5.2f} {f['flops'] / f['gemm_s'] / 1e12:>7.0f} "
+            f"{f['of_dense']:>6.2f}",
             flush=True,
         )
+    packs = route_pack_table(registry, arch, args) if args.pack_tokens else []
     if args.json_out:
-        emit({"arch": arch, "copy_bytes_per_s": copy_bw, "variants": results}, args.json_out)
+        emit(
+            {"arch": arch, "copy_bytes_per_s": copy_bw, "variants": results, "route_pack": packs},
+            args.json_out,
+        )
     registry.close()
     return 0
 

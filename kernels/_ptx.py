@@ -31,6 +31,7 @@ __all__ = [
     "ld_relaxed_gpu_u64",
     "ldmatrix_x4",
     "prmt",
+    "red_shared_add_u32",
     "st_relaxed_gpu_u32",
     "st_relaxed_sys_u32",
     "st_release_sys_u32",
@@ -81,6 +82,13 @@ def cp_async_16_l2_256(dst: Int32, src: Int64, *, loc=None, ip=None) -> None:
     values = [Int32(dst).ir_value(loc=loc, ip=ip), Int64(src).ir_value(loc=loc, ip=ip)]
     ptx = "cp.async.cg.shared.global.L2::256B [$0], [$1], 16;"
     _asm(None, values, ptx, "r,l,~{memory}", pure=False, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def red_shared_add_u32(addr: Int32, value: Uint32, *, loc=None, ip=None) -> None:
+    """``red.shared.add.u32``: atomically add ``value`` to the shared word at ``addr`` (no result)."""
+    values = [Int32(addr).ir_value(loc=loc, ip=ip), Uint32(value).ir_value(loc=loc, ip=ip)]
+    _asm(None, values, "red.shared.add.u32 [$0], $1;", "r,r,~{memory}", pure=False, loc=loc, ip=ip)
 
 
 @dsl_user_op

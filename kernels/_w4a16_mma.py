@@ -1,8 +1,9 @@
 """``moe.w4a16`` mainloops on warp-level ``mma.sync`` m16n8k16 (every arch).
 
 Warps split ``tile_n`` only: each warp owns every row of the block and ``tile_n / warps``
-columns, and every warp walks the same k-slices in the same order, so each accumulator gets the
-same MMAs whatever ``cta_threads`` is. Activations are the A operand, dequantized weights B.
+columns, and every warp of a k-part walks the same k-slices in the same order, so each
+accumulator gets the same MMAs whatever ``cta_threads`` is. Activations are the A operand,
+dequantized weights B. With ``split_k`` k-parts, part 0 adds the others' sums in part order.
 
 - Decode blocks (``block_m == 16``), interleaved: lane ``(g, c)`` takes, for each 64-wide
   k-chunk, the 16 contiguous k's ``[16c, 16c + 16)`` of its weight rows (8 bytes, one
@@ -31,33 +32,81 @@ from ._w4a16_dequant import int4_pair, int4_split_pair, pair_selector, scale_pai
 __all__ = ["MmaSyncMainloop"]
 
 
+def _unravel(e: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The column-major coordinate of flat index ``e`` in ``shape``."""
+    coord = []
+    for extent in shape:
+        coord.append(e % extent)
+        e //= extent
+    return tuple(coord)
+
+
 class MmaSyncMainloop:
     """Mixin of :class:`~.w4a16.W4A16`: the ``mma.sync`` k-loop, its operands and epilogue."""
 
     @cute.jit
-    def mainloop_mma(self, m_out, sc, rows: Int32, nt: Int32, views, copies, tid: Int32):
+    def mainloop_mma(self, m_out, sc, rows: Int32, nt: Int32, views, copies, where):
         """k-loop of warp-level ``mma.sync`` and the epilogue (every arch; every tile the wgmma
-        loop does not take)."""
+        loop does not take). ``where``: this thread's index in its k-part, the part, the part's
+        first k-tile, and the start of shared memory (for the parts' sums)."""
         a_row0, s_a32, s_w32, s_s16, s_se, mma = views
-        stages, tn = self.stages, self.tn
+        tid, part, k0, smem = where
+        stages = self.stages
         lane, warp = tid % 32, tid // 32
         g, c = lane // 4, lane % 4
         sel = Uint32(pair_selector(c))  # this lane's byte of each weight word
         acc = cute.make_rmem_tensor((4, self.ma, self.na), Float32)
         acc.fill(0.0)
-        for kt in range(self.kt_count):
+        for i in range(self.kt_count):
             cute.arch.cp_async_wait_group(stages - 2)
-            cute.arch.sync_threads()
-            nxt = kt + stages - 1
+            self.part_sync(part)
+            nxt = i + stages - 1
             if nxt < self.kt_count:
-                self.issue(nxt, nxt % stages, *copies, tid)
+                self.issue(k0 + nxt, nxt % stages, *copies, tid)
             cute.arch.cp_async_commit_group()
             if cutlass.const_expr(self.interleave):
-                self.compute_interleaved(kt, kt % stages, acc, s_a32, s_w32, (s_s16, s_se), mma, warp, g, c)
+                self.compute_interleaved(
+                    k0 + i, i % stages, acc, s_a32, s_w32, (s_s16, s_se), mma, warp, g, c
+                )
             else:
-                self.compute_rows(kt, kt % stages, acc, a_row0, s_w32, s_s16, mma, warp, g, sel)
+                self.compute_rows(k0 + i, i % stages, acc, a_row0, s_w32, s_s16, mma, warp, g, sel)
+        if cutlass.const_expr(self.split > 1):
+            self.add_parts(acc, part, tid, smem)
+        if part == 0:
+            self.store_mma(m_out, sc, rows, nt, acc, warp, g, c)
 
-        # Epilogue: round once, store the two adjacent columns of each row this lane holds.
+    @cute.jit
+    def part_sync(self, part: Int32):
+        """Barrier of one k-part's threads (the whole CTA when there is one part)."""
+        if cutlass.const_expr(self.split == 1):
+            cute.arch.sync_threads()
+        else:
+            cute.arch.barrier(barrier_id=part + 1, number_of_threads=self.threads)
+
+    @cute.jit
+    def add_parts(self, acc, part: Int32, tid: Int32, smem):
+        """Part 0's accumulators += part 1's, part 2's, ..., in that order, through shared memory
+        (the drained rings): a thread's accumulators match the same thread's of every part."""
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()
+        shape = (4, self.ma, self.na)
+        count = 4 * self.ma * self.na
+        # Word e of part p's sums at ((p - 1) * count + e) * threads + tid: lanes consecutive.
+        sums = self.tensor(cute.recast_ptr(smem, dtype=Float32), (self.split - 1) * count * self.threads)
+        if part > 0:
+            for e in cutlass.range_constexpr(count):
+                sums[((part - 1) * count + e) * self.threads + tid] = acc[_unravel(e, shape)]
+        cute.arch.sync_threads()
+        if part == 0:
+            for p in cutlass.range_constexpr(1, self.split):
+                for e in cutlass.range_constexpr(count):
+                    at = _unravel(e, shape)
+                    acc[at] = acc[at] + sums[((p - 1) * count + e) * self.threads + tid]
+
+    @cute.jit
+    def store_mma(self, m_out, sc, rows: Int32, nt: Int32, acc, warp: Int32, g: Int32, c: Int32):
+        """The epilogue: round once, store the two adjacent columns of each row this lane holds."""
+        tn = self.tn
         half = self.vectors(m_out.iterator, 2, cute.size(m_out) // 2)
         y = cute.make_rmem_tensor((2,), self.output)
         for mi in cutlass.range_constexpr(self.ma):

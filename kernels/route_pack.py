@@ -21,12 +21,26 @@ of the inputs: deterministic, and bit-identical between eager launches and graph
 The required scratch is the spec's ``scratch`` shape for ``max_tokens`` (``kernel.shapes()``),
 ``4 + B * (1 + block_m)`` i32 words; entries past the used blocks are left untouched.
 
-One CTA does it all, in two passes over ``route_ids`` around a scan: each warp owns a
-contiguous segment of routes and counts them per bucket into its own shared histogram row
-(``match.any`` groups the equal buckets of 32 routes, so no atomics are needed and order is
-kept); a scan over warps and buckets turns counts into each (warp, bucket) cursor; each warp then
-rescans its segment and scatters route indices. That is ``O(R / warps + e_cap)`` steps per thread, about ten
-microseconds at ``R = 4096 * 8`` and one launch latency at decode sizes.
+Grid: ``max(1, cdiv(R, cta_routes))`` CTAs. CTA ``c`` places the routes of its slice
+``[c * cta_routes, (c + 1) * cta_routes)`` and writes the expert entries and padding rows of
+the buckets ``b`` with ``b % CTAs == c``; CTA 0 writes the header. Every CTA counts every
+route, so each knows, without talking to the others, where every bucket starts and how many
+of a bucket's routes precede its slice:
+
+1. each warp counts its contiguous segment of the slice per bucket into its own shared
+   histogram row (``match.any`` groups the equal buckets of 32 routes: no atomics, so the
+   counts are exact per segment), while the whole CTA counts the routes before and after the
+   slice with shared-memory atomic adds (order does not matter for a count);
+2. per bucket, a scan over those rows gives the total and each segment's offset inside the
+   bucket; one warp scans the buckets' block counts into their first blocks;
+3. each warp rescans its segment and scatters route indices: each route lands at its
+   segment's cursor plus its rank among the lower lanes of its bucket, so buckets keep
+   ascending route order; a thread per bucket writes the CTA's share of expert entries and
+   padding rows.
+
+Loads run ``UNROLL`` routes ahead per lane, so the passes are bound by memory latency once
+per ``UNROLL`` routes. At decode sizes one CTA does it all in a launch latency; at prefill
+sizes the slices spread the scattered stores over many SMs.
 """
 
 from __future__ import annotations
@@ -39,10 +53,13 @@ from cutlass import Int32, Uint32
 from b12x_aot.loader import cdiv
 
 from ._base import AotKernel
+from ._ptx import red_shared_add_u32
 
 __all__ = ["HEADER_WORDS", "RoutePack", "scratch_bounds"]
 
 HEADER_WORDS = 4
+UNROLL = 8  # routes per lane whose loads a pass keeps in flight
+EXTRA_ROWS = 4  # shared rows past the warps': before the slice, after it, counts, first blocks
 
 
 def scratch_bounds(num_tokens: Int32, num_experts: Int32, *, topk: int, block_m: int, e_cap: int):
@@ -55,21 +72,40 @@ def scratch_bounds(num_tokens: Int32, num_experts: Int32, *, topk: int, block_m:
 
 
 class RoutePack(AotKernel):
-    def __init__(self, geometry, static, *, topk: int, block_m: int, e_cap: int, cta_threads: int):
-        super().__init__(geometry, static, topk=topk, block_m=block_m, e_cap=e_cap, cta_threads=cta_threads)
+    def __init__(
+        self,
+        geometry,
+        static,
+        *,
+        topk: int,
+        block_m: int,
+        e_cap: int,
+        cta_threads: int,
+        cta_routes: int,
+    ):
+        super().__init__(
+            geometry,
+            static,
+            topk=topk,
+            block_m=block_m,
+            e_cap=e_cap,
+            cta_threads=cta_threads,
+            cta_routes=cta_routes,
+        )
         self.topk = topk
         self.block_m = block_m
         self.e_cap = e_cap
         self.cta_threads = cta_threads
+        self.cta_routes = cta_routes
         self.warps = cta_threads // 32
         self.buckets = e_cap + 1  # experts, then the zero bucket
         self.per_lane = cdiv(self.buckets, 32)
         self.row_words = cdiv(self.buckets, 4) * 4  # rows padded to 16 bytes
-        need = 4 * (self.warps + 2) * self.row_words
-        if cta_threads % 32 or self.static.smem < need:
+        need = 4 * (self.warps + EXTRA_ROWS) * self.row_words
+        if cta_threads % 32 or cta_routes < 1 or self.static.smem < need:
             raise ValueError(
-                f"route_pack needs a multiple of 32 threads and {need} B of shared memory "
-                f"(got {cta_threads} threads, {self.static.smem} B)"
+                f"route_pack needs a multiple of 32 threads, cta_routes >= 1 and {need} B of shared "
+                f"memory (got {cta_threads} threads, cta_routes {cta_routes}, {self.static.smem} B)"
             )
 
     @cute.jit
@@ -87,7 +123,7 @@ class RoutePack(AotKernel):
 
     @cute.jit
     def bucket_of(self, ids: cute.Tensor, route: Int32, end: Int32, live: Int32) -> Int32:
-        """The bucket of ``route``, or ``buckets`` (matches nothing real) past ``end``."""
+        """The bucket of ``route``, or ``buckets`` (matches nothing real) at or past ``end``."""
         b = Int32(self.buckets)
         if route < end:
             e = ids[route]
@@ -96,9 +132,22 @@ class RoutePack(AotKernel):
                 b = e
         return b
 
+    @cute.jit
+    def count_range(self, ids: cute.Tensor, begin: Int32, end: Int32, live: Int32, row: Int32, tid: Int32):
+        """Add the routes ``[begin, end)`` to the shared histogram row at address ``row``, every
+        thread striding over them with ``UNROLL`` loads in flight."""
+        step = self.cta_threads
+        for base in range(begin + tid, end, step * UNROLL):
+            ahead = [self.bucket_of(ids, base + step * u, end, live) for u in range(UNROLL)]
+            for u in cutlass.range_constexpr(UNROLL):
+                if base + step * u < end:
+                    red_shared_add_u32(row + ahead[u] * 4, Uint32(1))
+
     @cute.kernel
     def kernel(self, scratch: cute.Pointer, route_ids: cute.Pointer, num_tokens: Int32, num_experts: Int32):
         tid, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        ctas, _, _ = cute.arch.grid_dim()
         lane = tid % 32
         warp = tid // 32
         nb = self.buckets
@@ -110,39 +159,51 @@ class RoutePack(AotKernel):
 
         out = self.tensor(scratch, HEADER_WORDS + blocks_bound * (1 + bm))
         ids = self.tensor(route_ids, cutlass.max(routes, Int32(1)))
-        # One allocation of exactly the spec's dynamic shared memory, carved by hand.
+        # One allocation of exactly the spec's dynamic shared memory, carved by hand: hist[w, b]
+        # (routes of warp w's segment in bucket b; later that segment's cursor in bucket b), then
+        # rows of the routes before and after the slice, the bucket totals and first blocks.
         rw = self.row_words
         words = cutlass.memory.SmemAllocator().allocate_array(Int32, self.static.smem // 4, byte_alignment=16)
-        # hist[w, b]: routes of warp w's segment in bucket b; later warp w's cursor in bucket b.
         hist = cute.make_tensor(words, cute.make_layout((self.warps, nb), stride=(rw, 1)))
-        count = self.tensor(words + self.warps * rw, nb)
-        first_block = self.tensor(words + (self.warps + 1) * rw, nb)
+        before = self.tensor(words + self.warps * rw, nb)
+        after = self.tensor(words + (self.warps + 1) * rw, nb)
+        count = self.tensor(words + (self.warps + 2) * rw, nb)
+        first_block = self.tensor(words + (self.warps + 3) * rw, nb)
 
-        for i in range(tid, self.warps * nb, self.cta_threads):
-            hist[i // nb, i % nb] = 0
+        flat = self.tensor(words, (self.warps + EXTRA_ROWS) * rw)
+        for i in range(tid, (self.warps + EXTRA_ROWS) * rw, self.cta_threads):
+            flat[i] = 0
         cute.arch.sync_threads()
 
-        # Pass 1: per-warp histograms over contiguous segments, 32 routes at a time.
-        seg = (routes + self.warps - 1) // self.warps
-        begin = cutlass.min(warp * seg, routes)
-        end = cutlass.min(begin + seg, routes)
-        for base in range(begin, end, 32):
-            b = self.bucket_of(ids, base + lane, end, live)
-            peers = cute.arch.match_sync(0xFFFFFFFF, b)
-            lower = peers & cute.arch.lanemask_lt()
-            if base + lane < end and lower == Uint32(0):
-                hist[warp, b] = hist[warp, b] + Int32(cute.arch.popc(peers))
-            cute.arch.sync_warp()
+        # Pass 1: per-warp histograms over contiguous segments of the slice, 32 routes at a time
+        # (each lane loads UNROLL routes ahead); atomic counts of the routes outside the slice.
+        s0 = cutlass.min(cta * self.cta_routes, routes)
+        s1 = cutlass.min(s0 + self.cta_routes, routes)
+        seg = (s1 - s0 + self.warps - 1) // self.warps
+        begin = cutlass.min(s0 + warp * seg, s1)
+        end = cutlass.min(begin + seg, s1)
+        for base in range(begin, end, 32 * UNROLL):
+            ahead = [self.bucket_of(ids, base + 32 * u + lane, end, live) for u in range(UNROLL)]
+            for u in cutlass.range_constexpr(UNROLL):
+                b = ahead[u]
+                peers = cute.arch.match_sync(0xFFFFFFFF, b)
+                lower = peers & cute.arch.lanemask_lt()
+                if base + 32 * u + lane < end and lower == Uint32(0):
+                    hist[warp, b] = hist[warp, b] + Int32(cute.arch.popc(peers))
+                cute.arch.sync_warp()
+        self.count_range(ids, Int32(0), s0, live, before.iterator.toint(), tid)
+        self.count_range(ids, s1, routes, live, after.iterator.toint(), tid)
         cute.arch.sync_threads()
 
-        # Per bucket: totals, and each warp's offset inside the bucket (exclusive over warps).
+        # Per bucket: the total, and each segment's offset inside the bucket (the routes before
+        # the slice, then the segments before it).
         for b in range(tid, nb, self.cta_threads):
-            total = Int32(0)
+            total = before[b]
             for w in cutlass.range_constexpr(self.warps):
                 c = hist[w, b]
                 hist[w, b] = total
                 total = total + c
-            count[b] = total
+            count[b] = total + after[b]
         cute.arch.sync_threads()
 
         # Warp 0 scans blocks per bucket: lane l owns buckets [l * per_lane, (l + 1) * per_lane).
@@ -163,43 +224,47 @@ class RoutePack(AotKernel):
                 if b < nb:
                     first_block[b] = start
                     start = start + (count[b] + bm - 1) // bm
-            if lane == 31:
+            if cta == 0 and lane == 31:
                 out[0] = inclusive
                 out[1] = routes - count[nb - 1]
                 out[2] = count[nb - 1]
                 out[3] = 0
         cute.arch.sync_threads()
 
-        # Per bucket: absolute cursors, the block -> expert map, and padding rows set to -1.
+        # Per bucket: absolute cursors; and for this CTA's buckets (b % CTAs == CTA), the
+        # block -> expert entries and the padding rows (the buckets spread over the CTAs).
         for b in range(tid, nb, self.cta_threads):
             first = first_block[b]
-            total = count[b]
-            nblocks = (total + bm - 1) // bm
             row0 = first * bm
             for w in cutlass.range_constexpr(self.warps):
                 hist[w, b] = hist[w, b] + row0
-            expert = b
-            if b == nb - 1:
-                expert = -1
-            for i in range(nblocks):
-                out[HEADER_WORDS + first + i] = expert
-            for i in range(total, nblocks * bm):
-                out[rows_base + row0 + i] = -1
+            if b % ctas == cta:
+                total = count[b]
+                nblocks = (total + bm - 1) // bm
+                expert = b
+                if b == nb - 1:
+                    expert = -1
+                for i in range(nblocks):
+                    out[HEADER_WORDS + first + i] = expert
+                for i in range(total, nblocks * bm):
+                    out[rows_base + row0 + i] = -1
         cute.arch.sync_threads()
 
         # Pass 2: the same segments again; each route lands at its cursor plus its rank among
         # the lower lanes of its bucket, so buckets keep ascending route order.
-        for base in range(begin, end, 32):
-            r = base + lane
-            b = self.bucket_of(ids, r, end, live)
-            peers = cute.arch.match_sync(0xFFFFFFFF, b)
-            lower = peers & cute.arch.lanemask_lt()
-            cursor = Int32(0)
-            if r < end:
-                cursor = hist[warp, b]
-            cute.arch.sync_warp()
-            if r < end:
-                out[rows_base + cursor + Int32(cute.arch.popc(lower))] = r
-                if lower == Uint32(0):
-                    hist[warp, b] = cursor + Int32(cute.arch.popc(peers))
-            cute.arch.sync_warp()
+        for base in range(begin, end, 32 * UNROLL):
+            ahead = [self.bucket_of(ids, base + 32 * u + lane, end, live) for u in range(UNROLL)]
+            for u in cutlass.range_constexpr(UNROLL):
+                r = base + 32 * u + lane
+                b = ahead[u]
+                peers = cute.arch.match_sync(0xFFFFFFFF, b)
+                lower = peers & cute.arch.lanemask_lt()
+                cursor = Int32(0)
+                if r < end:
+                    cursor = hist[warp, b]
+                cute.arch.sync_warp()
+                if r < end:
+                    out[rows_base + cursor + Int32(cute.arch.popc(lower))] = r
+                    if lower == Uint32(0):
+                        hist[warp, b] = cursor + Int32(cute.arch.popc(peers))
+                cute.arch.sync_warp()

@@ -22,13 +22,20 @@ k-paired for the cheaper dequant, see :mod:`._w4a16_mma`). The tensor-core opera
 ``group % tile_k == 0``, where the exact int4 is the operand and each k-tile's fp32 partial sum
 takes its scale in fp32. Two k-loops, chosen by arch and params:
 
-- sm_90a tiles with ``tile_k == 64``, ``stages >= 3`` and whole m64 chunks per warpgroup:
-  ``wgmma`` with the weights as the register operand (:mod:`._w4a16_wgmma`);
+- sm_90a tiles with ``tile_k == 64``, ``stages >= 3``, ``split_k == 1`` and whole m64 chunks
+  per warpgroup: ``wgmma`` with the weights as the register operand (:mod:`._w4a16_wgmma`);
 - everything else, every arch: warp-level ``mma.sync`` (:mod:`._w4a16_mma`).
 
-CTA-size invariance: in both, each accumulator element receives the same MMAs, on the same
-operand values, in the same k order, whatever ``cta_threads`` is; only which warp issues them
-changes. So variants that differ only in ``cta_threads`` give bit-identical outputs.
+Split-k (``split_k > 1``, the ``mma.sync`` loop): the CTA's threads form ``split_k`` k-parts of
+``cta_threads / split_k``; part ``p`` walks k-tiles ``[p, p + 1) * k / tile_k / split_k`` with its
+own ring and named barrier, so a launch of a few tiles (one token routes to a handful of
+experts) keeps several k-streams per SM in flight. Part 0 then adds parts 1, 2, ... to its fp32
+sums, in that order, through shared memory, and stores. Deterministic; the association differs
+from ``split_k == 1`` (a sum of per-part sums).
+
+CTA-size invariance: in both loops, each accumulator element receives the same MMAs, on the
+same operand values, in the same k order, whatever ``cta_threads`` is; only which warp issues
+them changes. So variants that differ only in ``cta_threads`` give bit-identical outputs.
 """
 
 from __future__ import annotations
@@ -47,17 +54,28 @@ from ._w4a16_mma import MmaSyncMainloop
 from ._w4a16_wgmma import WgmmaMainloop
 from .route_pack import HEADER_WORDS, scratch_bounds
 
-__all__ = ["W4A16", "smem_bytes"]
+__all__ = ["SMEM_PARAMS", "W4A16", "smem_bytes"]
+
+SMEM_PARAMS = (
+    "element",
+    "k",
+    "group",
+    "block_m",
+    "tile_n",
+    "tile_k",
+    "stages",
+    "split_k",
+)  # smem_bytes' arguments
 
 
 def smem_bytes(
-    *, element: str, k: int, group: int, block_m: int, tile_n: int, tile_k: int, stages: int
+    *, element: str, k: int, group: int, block_m: int, tile_n: int, tile_k: int, stages: int, split_k: int
 ) -> int:
-    """Dynamic shared memory of a variant; the spec's ``launch.smem`` must say the same."""
+    """Dynamic shared memory of a variant; the spec's ``launch.smem`` must say the same: a ring
+    per k-part, and one scale slab."""
     size = 2  # bf16 or fp16 activations and scales
-    return stages * (block_m * tile_k * size + tile_n * tile_k // 2) + tile_n * _scale_row_bytes(
-        k, group, size
-    )
+    ring = stages * (block_m * tile_k * size + tile_n * tile_k // 2)
+    return split_k * ring + tile_n * _scale_row_bytes(k, group, size)
 
 
 def _scale_row_bytes(k: int, group: int, size: int) -> int:
@@ -82,6 +100,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         tile_n: int,
         tile_k: int,
         stages: int,
+        split_k: int,
         cta_threads: int,
         e_cap: int,
     ):
@@ -98,6 +117,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             tile_n=tile_n,
             tile_k=tile_k,
             stages=stages,
+            split_k=split_k,
             cta_threads=cta_threads,
             e_cap=e_cap,
         )
@@ -106,20 +126,18 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         self.elem_name = element
         self.element, self.output = dsl_dtype(element), dsl_dtype(output)
         self.topk, self.n, self.k, self.group = topk, n, k, group
-        self.bm, self.tn, self.tk, self.stages, self.threads, self.e_cap = (
-            block_m,
-            tile_n,
-            tile_k,
-            stages,
-            cta_threads,
-            e_cap,
-        )
-        self.warps = cta_threads // 32
+        self.bm, self.tn, self.tk, self.stages, self.e_cap = block_m, tile_n, tile_k, stages, e_cap
+        # split_k k-parts of equal threads each walk k / split_k of the tile (own ring, own
+        # named barrier); part 0 then adds the others' fp32 sums in part order and stores.
+        self.split, self.cta_threads = split_k, cta_threads
+        self.threads = cta_threads // max(split_k, 1)  # threads of one k-part
+        self.warps = self.threads // 32
         self.nw = tile_n // max(self.warps, 1)  # columns per warp
         self.na, self.ma = self.nw // 8, block_m // 16  # n8 / m16 atoms per warp
         self.qa, self.qw = tile_k // 8, tile_k // 32  # 16-byte chunks per A row / W row
-        self.kt_count = k // tile_k
-        self.ra = cdiv(block_m, max(cta_threads // self.qa, 1))  # activation rows per thread
+        self.kt_count = k // tile_k // max(split_k, 1)  # k-tiles of one k-part
+        self.ring_bytes = stages * (block_m * tile_k * 2 + tile_n * tile_k // 2)
+        self.ra = cdiv(block_m, max(self.threads // self.qa, 1))  # activation rows per thread
         # Decode blocks mostly hold one or two real rows: their few activation pieces can afford
         # a pass through registers, which pairs k's the way the cheapest weight dequant does and
         # stores register-move-free MMA fragments. Bigger blocks copy 16 bytes straight to
@@ -132,19 +150,27 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         self.scale_chunks = k // group * 2 // 16  # 16-byte chunks per scale row
         self.srow = _scale_row_bytes(k, group, 2) // 2  # scale row stride, elements
         problems = [
+            (
+                split_k < 1 or cta_threads % (32 * split_k) or (k // tile_k) % split_k,
+                "split_k divides the warps and the k-tiles",
+            ),
             (n % tile_n, "n % tile_n == 0"),
             (k % tile_k or tile_k % 64, "tile_k % 64 == 0 and k % tile_k == 0"),
-            (cta_threads % 32 or self.nw % 8 or self.nw * self.warps != tile_n, "tile_n % (8 * warps) == 0"),
+            (
+                cta_threads % 32 or self.nw % 8 or self.nw * self.warps != tile_n,
+                "tile_n % (8 * part warps) == 0",
+            ),
             (block_m % 16, "block_m % 16 == 0"),
             (group % 16 or (k // group) % 8, "group % 16 == 0 and (k // group) % 8 == 0"),
-            (cta_threads % self.qa, "cta_threads % (tile_k // 8) == 0"),
-            (cta_threads // max(self.qw, 1) % 8, "cta_threads // (tile_k // 32) % 8 == 0"),  # see issue()
-            (self.kt_count < stages or stages < 2, "2 <= stages <= k // tile_k"),
+            (self.threads % self.qa, "part threads % (tile_k // 8) == 0"),
+            (self.threads // max(self.qw, 1) % 8, "part threads // (tile_k // 32) % 8 == 0"),  # see issue()
+            (self.kt_count < stages or stages < 2, "2 <= stages <= k // tile_k // split_k"),
+            # part 0 adds the other parts' sums from their rings' memory, KiB-aligned per part
+            ((split_k - 1) * tile_n * block_m * 4 > split_k * self.ring_bytes, "split_k sums fit the rings"),
+            (split_k > 1 and self.ring_bytes % 1024, "a k-part's ring is whole KiB"),
         ]
         bad = [rule for failed, rule in problems if failed]
-        want = smem_bytes(
-            element=element, k=k, group=group, block_m=block_m, tile_n=tile_n, tile_k=tile_k, stages=stages
-        )
+        want = smem_bytes(**{name: self.params[name] for name in SMEM_PARAMS})
         if bad or self.static.smem != want:
             raise ValueError(
                 f"moe.w4a16 params break {bad or 'nothing'}; launch.smem must be {want} B "
@@ -198,7 +224,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 zero = cute.make_rmem_tensor((self.out_vec,), self.output)
                 zero.fill(0.0)
                 per_row = self.tn // self.out_vec
-                for i in range(tid, bm * per_row, self.threads):
+                for i in range(tid, bm * per_row, self.cta_threads):
                     route = sc[rows + i // per_row]
                     if route >= 0:
                         col = route * (self.n // self.out_vec) + nt * per_row + i % per_row
@@ -221,7 +247,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 top = cutlass.max(top, a_src[i])
             if cute.arch.vote_any_sync(top >= 0):
                 self.pair_rows(slot, staged, s_a, a_src, tid)
-                if kt + 1 < self.kt_count:
+                if (kt + 1) % self.kt_count != 0:  # k-tile kt + 1 is in this k-part too
                     self.stage_rows(kt + 1, staged, g_a, a_src)
         else:
             for i in cutlass.range_constexpr(self.ra):
@@ -260,8 +286,14 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         elem = self.element
         k32 = self.k // 32
 
-        a_stage, w_stage = bm * tk * 2, tn * tk // 2
-        base = cutlass.memory.SmemAllocator().allocate_array(Uint8, self.static.smem, byte_alignment=1024)
+        a_stage = bm * tk * 2
+        smem = cutlass.memory.SmemAllocator().allocate_array(Uint8, self.static.smem, byte_alignment=1024)
+        # This thread's k-part, its thread index in the part, and the part's ring.
+        part, tid_all, base = Int32(0), tid, smem
+        if cutlass.const_expr(self.split > 1):
+            part, tid = tid // self.threads, tid % self.threads
+            base = smem + cute.assume(part * self.ring_bytes, divby=1024)  # keeps the alignment
+        k0 = part * self.kt_count  # the part's first k-tile
         # Activations. Interleaved (block_m 16): one MMA A fragment per 16-byte unit, k-paired
         # (see pair_rows), stored from registers and read by one ld.shared.v4 per MMA step.
         # Otherwise plain rows of 16-byte chunks (chunk q at q ^ (row % 8)), filled by
@@ -277,7 +309,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         s_w32 = self.vectors(cute.recast_ptr(w_base, dtype=Uint32), 2, stages * tn * qw * 2)
         if cutlass.const_expr(not self.interleave):
             s_w32 = self.vectors(cute.recast_ptr(w_base, dtype=Uint32), 4, stages * tn * qw)
-        s_base = base + stages * (a_stage + w_stage)
+        s_base = smem + self.split * self.ring_bytes
         s_s = self.vectors(cute.recast_ptr(s_base, dtype=elem), 8, tn * self.srow // 8)
         s_s16 = self.tensor(cute.recast_ptr(s_base, dtype=Uint16), tn * self.srow)
         s_se = self.tensor(cute.recast_ptr(s_base, dtype=elem), tn * self.srow)
@@ -312,18 +344,22 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         staged = None  # interleaved tiles' next activation pieces
         if cutlass.const_expr(self.interleave):
             staged = cute.make_rmem_tensor((4, ra), Uint32)
-            self.stage_rows(Int32(0), staged, g_a, a_src)
+            self.stage_rows(k0, staged, g_a, a_src)
         row0 = expert * self.n + nt * tn
         w_src = row0 * k32
 
-        # The block's scale slab, once, in the same commit group as k-tile 0.
-        for i in range(tid, tn * chunks, self.threads):
+        # The block's scale slab, once, by every thread, in the same commit group as k-tile 0.
+        for i in range(tid_all, tn * chunks, self.cta_threads):
             cute.copy(
                 atom_s, g_s[None, row0 * chunks + i], s_s[None, (i // chunks) * (self.srow // 8) + i % chunks]
             )
         for s in cutlass.range_constexpr(stages - 1):
-            self.issue(Int32(s), Int32(s), atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, tid)
+            self.issue(k0 + s, Int32(s), atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, tid)
             cute.arch.cp_async_commit_group()
+        if cutlass.const_expr(self.split > 1):
+            # The k-loop syncs parts alone: the slab that every part reads must land first.
+            cute.arch.cp_async_wait_group(stages - 2)
+            cute.arch.sync_threads()
 
         if cutlass.const_expr(self.uses_wgmma()):
             self.mainloop_wgmma(
@@ -353,7 +389,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 nt,
                 (a_row0, s_a32, s_w32, s_s16, s_se, mma),
                 (atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src),
-                tid,
+                (tid, part, k0, smem),
             )
 
     def uses_wgmma(self) -> bool:
@@ -362,6 +398,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         return (
             self.target_arch() == "sm_90a"
             and not self.interleave
+            and self.split == 1
             and self.tk == 64
             and self.stages >= 3
             and self.threads % 128 == 0

@@ -192,19 +192,24 @@ class MoeW4A16Op(_RegistryOp):
     ``a[M, k]`` activations, ``w[E, n, k // 2]`` packed int4 weights and ``scales[E, n, k //
     group]`` of the experts that can be resident (``E <= e_cap``), ``route_ids[M, topk]``;
     returns ``out[M, topk, n]``. The tile follows the batch: decode tiles (``block_m`` 16) for
-    up to ``decode_tokens`` tokens, prefill tiles above ``prefill_tokens``, mid tiles between,
+    up to ``decode_tokens`` tokens (split-k ones when the launch would not fill the SMs: a token
+    routes to a handful of experts), prefill tiles above ``prefill_tokens``, mid tiles between,
     each the first the registry holds in :attr:`TILES` order. The route-pack scratch comes
     from the spec's ``shapes()`` and is allocated per call by torch's allocator.
     """
 
     family = "moe.w4a16"
-    # (block_m, tile_n, tile_k, stages, cta_threads), best first, per regime
-    TILES: Mapping[str, Sequence[tuple[int, int, int, int, int]]] = {
-        "decode": ((16, 128, 128, 3, 128), (16, 128, 128, 3, 256), (16, 128, 128, 3, 512)),
-        "mid": ((32, 128, 64, 3, 256), (64, 128, 64, 3, 128), (64, 128, 128, 3, 128)),
-        "prefill": ((128, 128, 64, 3, 256), (128, 128, 64, 3, 128), (64, 128, 64, 3, 128)),
+    # (block_m, tile_n, tile_k, stages, cta_threads, split_k), best first, per regime; the
+    # spec builds the split-k tiles only for the shapes they speed up, so the first tile the
+    # registry holds for a shape is its best
+    _DECODE = ((16, 128, 128, 3, 128, 1), (16, 128, 128, 3, 256, 1), (16, 128, 128, 3, 512, 1))
+    TILES: Mapping[str, Sequence[tuple[int, int, int, int, int, int]]] = {
+        "tiny": ((16, 64, 128, 4, 512, 4), (16, 128, 128, 3, 512, 4), *_DECODE),
+        "decode": _DECODE,
+        "mid": ((32, 128, 64, 3, 256, 1), (64, 128, 64, 3, 128, 1), (64, 128, 128, 3, 128, 1)),
+        "prefill": ((128, 128, 64, 3, 256, 1), (128, 128, 64, 3, 128, 1), (64, 128, 64, 3, 128, 1)),
     }
-    PACK_THREADS = 512
+    PACK_THREADS, PACK_ROUTES = 512, 1024
 
     def __init__(
         self,
@@ -217,11 +222,16 @@ class MoeW4A16Op(_RegistryOp):
         prefill_tokens: int = 256,
     ) -> None:
         self.e_cap, self.decode_tokens, self.prefill_tokens = e_cap, decode_tokens, prefill_tokens
+        self._sms: dict[int, int] = {}
         super().__init__(registry, abi=abi, namespace=namespace)
 
-    def regime(self, tokens: int) -> str:
+    def regime(self, tokens: int, *, routes: int, experts: int, n: int, device: int) -> str:
+        """``tiny`` when a decode launch would have fewer 128-wide tiles (at most one per touched
+        expert) than the device has SMs, then ``decode``, ``mid`` or ``prefill`` by tokens."""
         if tokens <= self.decode_tokens:
-            return "decode"
+            if device not in self._sms:
+                self._sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
+            return "tiny" if min(routes, experts) * (n // 128) < self._sms[device] else "decode"
         return "prefill" if tokens > self.prefill_tokens else "mid"
 
     def launches_for(
@@ -244,10 +254,20 @@ class MoeW4A16Op(_RegistryOp):
             "group": k // scales.shape[2] if scales.shape[2] else 0,
             "e_cap": self.e_cap,
         }
-        regime = self.regime(a.shape[0])
+        regime = self.regime(
+            a.shape[0], routes=a.shape[0] * topk, experts=w.shape[0], n=w.shape[1], device=device
+        )
         tiles = [
-            {**fixed, "block_m": bm, "tile_n": tn, "tile_k": tk, "stages": st, "cta_threads": ct}
-            for bm, tn, tk, st, ct in self.TILES[regime]
+            {
+                **fixed,
+                "block_m": bm,
+                "tile_n": tn,
+                "tile_k": tk,
+                "stages": st,
+                "cta_threads": ct,
+                "split_k": sk,
+            }
+            for bm, tn, tk, st, ct, sk in self.TILES[regime]
         ]
         gemm = self._launch((*fixed.values(), regime, device), device, tiles)
         block_m = gemm.entry.params["block_m"]
@@ -256,6 +276,7 @@ class MoeW4A16Op(_RegistryOp):
             "block_m": block_m,
             "e_cap": self.e_cap,
             "cta_threads": self.PACK_THREADS,
+            "cta_routes": self.PACK_ROUTES,
         }
         pack = self._launch(("pack", *pack_params.values(), device), device, [pack_params], "moe.route_pack")
         return pack, gemm

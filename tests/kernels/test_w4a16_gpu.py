@@ -84,33 +84,60 @@ def test_invalid_ids_give_exact_zero_rows_and_read_no_weights(gpu_registry, devi
     assert same_bits(case.out, torch.zeros_like(case.out))
 
 
+def replay_equals_eager(gpu_registry, device_arch: str, entry, gen) -> None:
+    """Capture one launch pair, replay it on three fresh input sets: each equals an eager launch."""
+    p = dict(entry.params)
+    gemm, pack = prepared(gpu_registry, entry), route_pack_for(gpu_registry, device_arch, p)
+    m = 64
+    static = Case(p, m, gen, pack)
+    loads = gpu_registry.stats.loads
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        static.launch(pack, gemm, checked=False)  # warm up on the capture stream
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        static.launch(pack, gemm, checked=False)
+    assert gpu_registry.stats.loads == loads  # nothing loaded during capture
+    for _ in range(3):
+        fresh = Case(p, m, gen, pack)
+        for name, t in fresh.inputs().items():
+            static.inputs()[name].copy_(t)
+        static.out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        fresh.launch(pack, gemm)
+        torch.cuda.synchronize()
+        assert same_bits(static.out, fresh.out), f"graph != eager: {p}"
+
+
 def test_graph_replay_with_new_inputs_equals_eager(gpu_registry, device_arch: str) -> None:
     gen = torch.Generator(device="cuda").manual_seed(99)
     entries = family_variants(gpu_registry, "moe.w4a16", device_arch)
     for entry in entries[:: max(1, len(entries) // 6)]:
+        replay_equals_eager(gpu_registry, device_arch, entry, gen)
+
+
+def test_split_k_variants_are_deterministic_and_replay_in_graphs(gpu_registry, device_arch: str) -> None:
+    # k-parts add their sums in a fixed order: the same inputs give the same bits, launch to launch.
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    split = [
+        e for e in family_variants(gpu_registry, "moe.w4a16", device_arch) if e.params.get("split_k", 1) > 1
+    ]
+    if not split:
+        pytest.skip("no split-k variant in this registry")
+    for entry in split:
         p = dict(entry.params)
         gemm, pack = prepared(gpu_registry, entry), route_pack_for(gpu_registry, device_arch, p)
-        m = 64
-        static = Case(p, m, gen, pack)
-        loads = gpu_registry.stats.loads
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            static.launch(pack, gemm, checked=False)  # warm up on the capture stream
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            static.launch(pack, gemm, checked=False)
-        assert gpu_registry.stats.loads == loads  # nothing loaded during capture
-        for _ in range(3):
-            fresh = Case(p, m, gen, pack)
-            for name, t in fresh.inputs().items():
-                static.inputs()[name].copy_(t)
-            static.out.fill_(float("nan"))
-            graph.replay()
-            torch.cuda.synchronize()
-            fresh.launch(pack, gemm)
-            torch.cuda.synchronize()
-            assert same_bits(static.out, fresh.out), f"graph != eager: {p}"
+        for m in (1, 4, 16):
+            one = Case(p, m, gen, pack)
+            one.launch(pack, gemm)
+            for _ in range(3):
+                again = one.twin()
+                again.launch(pack, gemm)
+                torch.cuda.synchronize()
+                assert same_bits(one.out, again.out), f"split-k launches differ: {p} m={m}"
+        replay_equals_eager(gpu_registry, device_arch, entry, gen)
 
 
 def test_variants_differing_only_in_cta_threads_are_bit_identical(gpu_registry, device_arch: str) -> None:
