@@ -185,12 +185,13 @@ class RoutePack(AotKernel):
         for base in range(begin, end, 32 * UNROLL):
             ahead = [self.bucket_of(ids, base + 32 * u + lane, end, live) for u in range(UNROLL)]
             for u in cutlass.range_constexpr(UNROLL):
-                b = ahead[u]
-                peers = cute.arch.match_sync(0xFFFFFFFF, b)
-                lower = peers & cute.arch.lanemask_lt()
-                if base + 32 * u + lane < end and lower == Uint32(0):
-                    hist[warp, b] = hist[warp, b] + Int32(cute.arch.popc(peers))
-                cute.arch.sync_warp()
+                if base + 32 * u < end:  # warp-uniform: skips the rounds past the segment
+                    b = ahead[u]
+                    peers = cute.arch.match_sync(0xFFFFFFFF, b)
+                    lower = peers & cute.arch.lanemask_lt()
+                    if base + 32 * u + lane < end and lower == Uint32(0):
+                        hist[warp, b] = hist[warp, b] + Int32(cute.arch.popc(peers))
+                    cute.arch.sync_warp()
         self.count_range(ids, Int32(0), s0, live, before.iterator.toint(), tid)
         self.count_range(ids, s1, routes, live, after.iterator.toint(), tid)
         cute.arch.sync_threads()
@@ -255,16 +256,17 @@ class RoutePack(AotKernel):
         for base in range(begin, end, 32 * UNROLL):
             ahead = [self.bucket_of(ids, base + 32 * u + lane, end, live) for u in range(UNROLL)]
             for u in cutlass.range_constexpr(UNROLL):
-                r = base + 32 * u + lane
-                b = ahead[u]
-                peers = cute.arch.match_sync(0xFFFFFFFF, b)
-                lower = peers & cute.arch.lanemask_lt()
-                cursor = Int32(0)
-                if r < end:
-                    cursor = hist[warp, b]
-                cute.arch.sync_warp()
-                if r < end:
-                    out[rows_base + cursor + Int32(cute.arch.popc(lower))] = r
-                    if lower == Uint32(0):
-                        hist[warp, b] = cursor + Int32(cute.arch.popc(peers))
-                cute.arch.sync_warp()
+                if base + 32 * u < end:  # warp-uniform, as in pass 1
+                    r = base + 32 * u + lane
+                    b = ahead[u]
+                    peers = cute.arch.match_sync(0xFFFFFFFF, b)
+                    lower = peers & cute.arch.lanemask_lt()
+                    cursor = Int32(0)
+                    if r < end:
+                        cursor = hist[warp, b]
+                    cute.arch.sync_warp()
+                    if r < end:
+                        out[rows_base + cursor + Int32(cute.arch.popc(lower))] = r
+                        if lower == Uint32(0):
+                            hist[warp, b] = cursor + Int32(cute.arch.popc(peers))
+                    cute.arch.sync_warp()

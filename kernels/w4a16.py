@@ -151,8 +151,8 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         self.srow = _scale_row_bytes(k, group, 2) // 2  # scale row stride, elements
         problems = [
             (
-                split_k < 1 or cta_threads % (32 * split_k) or (k // tile_k) % split_k,
-                "split_k divides the warps and the k-tiles",
+                not 1 <= split_k <= 15 or cta_threads % (32 * split_k) or (k // tile_k) % split_k,
+                "1 <= split_k <= 15 (named barriers 1..15) divides the warps and the k-tiles",
             ),
             (n % tile_n, "n % tile_n == 0"),
             (k % tile_k or tile_k % 64, "tile_k % 64 == 0 and k % tile_k == 0"),

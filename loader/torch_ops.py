@@ -194,7 +194,9 @@ class MoeW4A16Op(_RegistryOp):
     returns ``out[M, topk, n]``. The tile follows the batch: decode tiles (``block_m`` 16) for
     up to ``decode_tokens`` tokens (split-k ones when the launch would not fill the SMs: a token
     routes to a handful of experts), prefill tiles above ``prefill_tokens``, mid tiles between,
-    each the first the registry holds in :attr:`TILES` order. The route-pack scratch comes
+    each the first the registry holds in :attr:`TILES` order. Tiles sum in different fp32
+    orders, so a token's output bits can differ between batch sizes that pick different tiles
+    (every tile meets the same accuracy bar); for one batch size they are always the same. The route-pack scratch comes
     from the spec's ``shapes()`` and is allocated per call by torch's allocator.
     """
 
@@ -241,8 +243,9 @@ class MoeW4A16Op(_RegistryOp):
         scales: torch.Tensor,
         topk: int,
         output_dtype: torch.dtype,
+        regime: str | None = None,
     ) -> tuple[PreparedLaunch, PreparedLaunch]:
-        """The (route pack, GEMM) pair for these inputs."""
+        """The (route pack, GEMM) pair for these inputs (in ``regime``, else the batch's)."""
         device = a.device.index or 0
         k = a.shape[1]
         fixed = {
@@ -254,7 +257,7 @@ class MoeW4A16Op(_RegistryOp):
             "group": k // scales.shape[2] if scales.shape[2] else 0,
             "e_cap": self.e_cap,
         }
-        regime = self.regime(
+        regime = regime or self.regime(
             a.shape[0], routes=a.shape[0] * topk, experts=w.shape[0], n=w.shape[1], device=device
         )
         tiles = [
@@ -284,8 +287,13 @@ class MoeW4A16Op(_RegistryOp):
     def preload(
         self, a: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, topk: int, output_dtype: torch.dtype
     ) -> None:
-        """Resolve and load the variants these inputs need (call before graph capture)."""
+        """Resolve and load the variants these inputs need (call before graph capture). A
+        decode-sized batch loads both decode regimes: any batch up to ``decode_tokens`` can
+        then be captured, whichever of the two it falls in."""
         self.launches_for(a, w, scales, topk, output_dtype)
+        if a.shape[0] <= self.decode_tokens:
+            for regime in ("tiny", "decode"):
+                self.launches_for(a, w, scales, topk, output_dtype, regime)
 
     def _define(self) -> Any:
         state = self

@@ -98,3 +98,28 @@ def test_moe_w4a16_op_eager_graph_and_compile(gpu_registry) -> None:
         op(a, w[:, :, :-1].contiguous(), s, ids, experts, dtype)  # packed rows one byte short
     with pytest.raises(LaunchArgumentError, match="argument 'scales'"):
         op(a, w, s[: experts // 2], ids, experts // 2 + 1, dtype)  # fewer experts than num_experts says
+
+
+def test_moe_w4a16_preload_covers_every_decode_batch(gpu_registry) -> None:
+    # One preload at 16 tokens; a 1-token batch picks split-k tiles (its few experts' tiles
+    # would not fill the SMs) and still loads nothing during capture.
+    from b12x_aot.loader.torch_ops import register_moe_w4a16
+
+    op = register_moe_w4a16(gpu_registry, namespace="b12x_test_moe_preload")
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    experts, n, k, group, topk = 16, 2048, 7168, 128, 8
+    dtype = torch.bfloat16
+    w, s = random_weights(experts, n, k, group, dtype, device="cuda", generator=gen)
+    op.preload(torch.zeros(16, k, device="cuda", dtype=dtype), w, s, topk, dtype)
+    a = torch.randn(1, k, device="cuda", generator=gen).to(dtype)
+    ids = torch.randperm(experts, device="cuda", generator=gen)[:topk].to(torch.int32)[None]
+    loads = gpu_registry.stats.loads
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = op.op(a, w, s, ids, experts, dtype)
+    assert gpu_registry.stats.loads == loads, "a variant was loaded during capture"
+    graph.replay()
+    eager = op.op(a, w, s, ids, experts, dtype)
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
