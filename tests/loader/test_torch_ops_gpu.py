@@ -61,14 +61,23 @@ def test_mxfp8_op_eager_graph_and_compile(gpu_registry) -> None:
         op(torch.zeros(4, 96, device="cuda", dtype=dtype))  # K = 96 is not built
 
 
-def test_moe_w4a16_op_eager_graph_and_compile(gpu_registry) -> None:
+# The moe_w4a16 op tests' problem: an FC1 shape over 16 resident experts, bf16.
+EXPERTS, N, K, GROUP, TOPK = 16, 2048, 7168, 128, 8
+
+
+def moe_op_and_weights(gpu_registry, namespace: str, seed: int):
+    """A registered moe_w4a16 op, a seeded generator, and int4 weights and scales."""
     from b12x_aot.loader.torch_ops import register_moe_w4a16
 
-    op = register_moe_w4a16(gpu_registry, namespace="b12x_test_moe")
-    gen = torch.Generator(device="cuda").manual_seed(8)
-    experts, n, k, group, topk = 16, 2048, 7168, 128, 8
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    w, s = random_weights(EXPERTS, N, K, GROUP, torch.bfloat16, device="cuda", generator=gen)
+    return register_moe_w4a16(gpu_registry, namespace=namespace), gen, w, s
+
+
+def test_moe_w4a16_op_eager_graph_and_compile(gpu_registry) -> None:
+    op, gen, w, s = moe_op_and_weights(gpu_registry, "b12x_test_moe", 8)
+    experts, k, group, topk = EXPERTS, K, GROUP, TOPK
     dtype = torch.bfloat16
-    w, s = random_weights(experts, n, k, group, dtype, device="cuda", generator=gen)
     for m in (3, 600):  # a decode tile, then a prefill one
 
         def inputs(m: int = m):
@@ -103,13 +112,9 @@ def test_moe_w4a16_op_eager_graph_and_compile(gpu_registry) -> None:
 def test_moe_w4a16_preload_covers_every_decode_batch(gpu_registry) -> None:
     # One preload at 16 tokens; a 1-token batch picks split-k tiles (its few experts' tiles
     # would not fill the SMs) and still loads nothing during capture.
-    from b12x_aot.loader.torch_ops import register_moe_w4a16
-
-    op = register_moe_w4a16(gpu_registry, namespace="b12x_test_moe_preload")
-    gen = torch.Generator(device="cuda").manual_seed(9)
-    experts, n, k, group, topk = 16, 2048, 7168, 128, 8
+    op, gen, w, s = moe_op_and_weights(gpu_registry, "b12x_test_moe_preload", 9)
+    experts, k, topk = EXPERTS, K, TOPK
     dtype = torch.bfloat16
-    w, s = random_weights(experts, n, k, group, dtype, device="cuda", generator=gen)
     op.preload(torch.zeros(16, k, device="cuda", dtype=dtype), w, s, topk, dtype)
     a = torch.randn(1, k, device="cuda", generator=gen).to(dtype)
     ids = torch.randperm(experts, device="cuda", generator=gen)[:topk].to(torch.int32)[None]
