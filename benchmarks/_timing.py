@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["copy_gbps", "device_ms", "emit", "graph_us", "host_us_per_call", "ratio_table"]
+__all__ = ["copy_gbps", "device_ms", "emit", "graph_us", "host_us_per_call", "ratio_table", "timed_compile"]
 
 SPIN_CYCLES = 100_000  # about 50 us at the H200's 1.98 GHz: longer than a Python launch
 
@@ -100,6 +101,20 @@ def ratio_table(rows: Sequence[tuple[str, float]], *, unit: str, base: str) -> s
     for name, value in rows:
         lines.append(f"{name:<{width}}  {value:>10.2f}  {value / ref:>14.2f}")
     return "\n".join(lines)
+
+
+def timed_compile(args: list[str]) -> tuple[float, dict]:
+    """Run ``b12x-compile ARGS --json`` from the repository root: wall seconds and its summary.
+    Exits with its stderr if it fails."""
+    root = Path(__file__).resolve().parents[1]
+    start = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-m", "b12x_aot.compiler", *args, "--json"], capture_output=True, text=True, cwd=root
+    )
+    elapsed = time.perf_counter() - start
+    if out.returncode != 0:
+        raise SystemExit(f"b12x-compile {' '.join(args)} failed:\n{out.stderr}")
+    return elapsed, json.loads(out.stdout)
 
 
 def emit(result: dict[str, Any], path: str | None) -> None:

@@ -12,16 +12,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import emit
+from _timing import emit, timed_compile
 
 ROOT = Path(__file__).resolve().parents[1]
 NOOP_SPEC = ROOT / "benchmarks" / "specs" / "bench_topk_sum_1000.yaml"
@@ -31,24 +28,13 @@ THROUGHPUT = [
 ]
 
 
-def compile_(args: list[str]) -> tuple[float, dict]:
-    start = time.perf_counter()
-    out = subprocess.run(
-        [sys.executable, "-m", "b12x_aot.compiler", *args, "--json"], capture_output=True, text=True, cwd=ROOT
-    )
-    elapsed = time.perf_counter() - start
-    if out.returncode != 0:
-        raise SystemExit(f"b12x-compile {' '.join(args)} failed:\n{out.stderr}")
-    return elapsed, json.loads(out.stdout)
-
-
 def noop(registry: Path, runs: int) -> dict:
     if not registry.exists():
         print(f"building {registry} from {NOOP_SPEC.name} first (a one-off)", file=sys.stderr)
-        compile_([str(NOOP_SPEC), "--registry", str(registry)])
+        timed_compile([str(NOOP_SPEC), "--registry", str(registry)])
     times = []
     for _ in range(runs):
-        elapsed, summary = compile_([str(NOOP_SPEC), "--registry", str(registry)])
+        elapsed, summary = timed_compile([str(NOOP_SPEC), "--registry", str(registry)])
         assert summary["built"] == 0 and summary["planned"]["present"] == 1000, summary["planned"]
         times.append(elapsed)
     return {"variants": 1000, "seconds": statistics.median(times), "samples": times}
@@ -62,7 +48,7 @@ def throughput(arch: str, jobs: list[int]) -> dict:
             total = 0
             elapsed = 0.0
             for spec, narrow in THROUGHPUT:
-                seconds, summary = compile_(
+                seconds, summary = timed_compile(
                     [str(spec), "--registry", str(db), "--arch", arch, "-j", str(j), *narrow]
                 )
                 total += summary["built"]

@@ -12,30 +12,20 @@ toolchain check, scheduling, and results sent over TCP), not a speed-up. Needs t
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import emit
+from _timing import emit, timed_compile
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def build(registry: Path, arch: str, executor: list[str], narrow: list[str]) -> dict:
     args = [str(ROOT / "specs"), "--registry", str(registry), "--arch", arch, *executor, *narrow]
-    start = time.perf_counter()
-    out = subprocess.run(
-        [sys.executable, "-m", "b12x_aot.compiler", *args, "--json"], capture_output=True, text=True, cwd=ROOT
-    )
-    seconds = time.perf_counter() - start
-    if out.returncode != 0:
-        raise SystemExit(f"b12x-compile {' '.join(args)} failed:\n{out.stderr}")
-    built = json.loads(out.stdout)["built"]
-    return {"command": " ".join(["b12x-compile", *args]), "variants": built, "seconds": seconds}
+    seconds, summary = timed_compile(args)
+    return {"command": " ".join(["b12x-compile", *args]), "variants": summary["built"], "seconds": seconds}
 
 
 def main() -> None:

@@ -55,6 +55,17 @@ def _asm(result: Any, operands: list[Any], ptx: str, constraints: str, *, pure: 
     )
 
 
+def _asm_results(
+    kind: type, count: int, operands: list[Any], ptx: str, constraints: str, *, pure: bool, loc, ip
+) -> list[Any]:
+    """One instruction with ``count`` results of ``kind`` (Uint32 or Float32), unpacked."""
+    ir_type = T.f32() if kind is Float32 else T.i32()
+    result = _asm(
+        llvm.StructType.get_literal([ir_type] * count), operands, ptx, constraints, pure=pure, loc=loc, ip=ip
+    )
+    return [kind(llvm.extractvalue(ir_type, result, [i], loc=loc, ip=ip)) for i in range(count)]
+
+
 @dsl_user_op
 def asm_u32(ptx: str, *operands: Uint32, loc=None, ip=None) -> Uint32:
     """One pure instruction with a ``.b32`` result and ``.b32`` register operands ``$1..``."""
@@ -99,16 +110,9 @@ def ldmatrix_x4(addr: Int32, *, loc=None, ip=None) -> tuple[Uint32, Uint32, Uint
     k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15) that is exactly an
     ``mma.m16n8k16`` A fragment.
     """
-    result = _asm(
-        llvm.StructType.get_literal([T.i32()] * 4),
-        [Int32(addr).ir_value(loc=loc, ip=ip)],
-        "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];",
-        "=r,=r,=r,=r,r,~{memory}",
-        pure=False,
-        loc=loc,
-        ip=ip,
-    )
-    return tuple(Uint32(llvm.extractvalue(T.i32(), result, [i], loc=loc, ip=ip)) for i in range(4))
+    ptx = "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];"
+    values = [Int32(addr).ir_value(loc=loc, ip=ip)]
+    return tuple(_asm_results(Uint32, 4, values, ptx, "=r,=r,=r,=r,r,~{memory}", pure=False, loc=loc, ip=ip))
 
 
 @dsl_user_op
@@ -140,10 +144,7 @@ def wgmma_rs(
     values += [Int64(desc_b).ir_value(loc=loc, ip=ip), Int32(1).ir_value(loc=loc, ip=ip)]
     values += [Float32(x).ir_value(loc=loc, ip=ip) for x in acc]
     constraints = ",".join(["=f"] * count + ["r"] * 4 + ["l", "r"] + [str(i) for i in range(count)])
-    result = _asm(
-        llvm.StructType.get_literal([T.f32()] * count), values, ptx, constraints, pure=False, loc=loc, ip=ip
-    )
-    return [Float32(llvm.extractvalue(T.f32(), result, [i], loc=loc, ip=ip)) for i in range(count)]
+    return _asm_results(Float32, count, values, ptx, constraints, pure=False, loc=loc, ip=ip)
 
 
 # --- fp32 arithmetic and conversions with a fixed rounding ---------------------------------
@@ -158,16 +159,8 @@ def add_rn_f32(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
 
 
 def _unpack_f32x2(packed: Uint32, ptx: str, loc, ip) -> tuple[Float32, Float32]:
-    result = _asm(
-        llvm.StructType.get_literal([T.f32()] * 2),
-        [Uint32(packed).ir_value(loc=loc, ip=ip)],
-        ptx,
-        "=f,=f,r",
-        pure=True,
-        loc=loc,
-        ip=ip,
-    )
-    return tuple(Float32(llvm.extractvalue(T.f32(), result, [i], loc=loc, ip=ip)) for i in range(2))
+    values = [Uint32(packed).ir_value(loc=loc, ip=ip)]
+    return tuple(_asm_results(Float32, 2, values, ptx, "=f,=f,r", pure=True, loc=loc, ip=ip))
 
 
 @dsl_user_op
@@ -212,16 +205,9 @@ def cvt_rn_f16x2_f32(hi: Float32, lo: Float32, *, loc=None, ip=None) -> Uint32:
 def ld_cg_v4(addr: Int64, *, loc=None, ip=None) -> tuple[Uint32, Uint32, Uint32, Uint32]:
     """``ld.global.cg.v4.u32``: 16 bytes cached in L2 only, so a line another GPU (or another
     kernel) wrote is never served stale from this SM's L1."""
-    result = _asm(
-        llvm.StructType.get_literal([T.i32()] * 4),
-        [Int64(addr).ir_value(loc=loc, ip=ip)],
-        "ld.global.cg.v4.u32 {$0, $1, $2, $3}, [$4];",
-        "=r,=r,=r,=r,l,~{memory}",
-        pure=False,
-        loc=loc,
-        ip=ip,
-    )
-    return tuple(Uint32(llvm.extractvalue(T.i32(), result, [i], loc=loc, ip=ip)) for i in range(4))
+    ptx = "ld.global.cg.v4.u32 {$0, $1, $2, $3}, [$4];"
+    values = [Int64(addr).ir_value(loc=loc, ip=ip)]
+    return tuple(_asm_results(Uint32, 4, values, ptx, "=r,=r,=r,=r,l,~{memory}", pure=False, loc=loc, ip=ip))
 
 
 @dsl_user_op

@@ -73,9 +73,13 @@ def smem_bytes(
 ) -> int:
     """Dynamic shared memory of a variant; the spec's ``launch.smem`` must say the same: a ring
     per k-part, and one scale slab."""
-    size = 2  # bf16 or fp16 activations and scales
-    ring = stages * (block_m * tile_k * size + tile_n * tile_k // 2)
-    return split_k * ring + tile_n * _scale_row_bytes(k, group, size)
+    ring = ring_bytes(block_m=block_m, tile_n=tile_n, tile_k=tile_k, stages=stages)
+    return split_k * ring + tile_n * _scale_row_bytes(k, group, 2)
+
+
+def ring_bytes(*, block_m: int, tile_n: int, tile_k: int, stages: int) -> int:
+    """One k-part's cp.async ring: ``stages`` x (bf16/fp16 activation tile + packed int4 weights)."""
+    return stages * (block_m * tile_k * 2 + tile_n * tile_k // 2)
 
 
 def _scale_row_bytes(k: int, group: int, size: int) -> int:
@@ -136,7 +140,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         self.na, self.ma = self.nw // 8, block_m // 16  # n8 / m16 atoms per warp
         self.qa, self.qw = tile_k // 8, tile_k // 32  # 16-byte chunks per A row / W row
         self.kt_count = k // tile_k // max(split_k, 1)  # k-tiles of one k-part
-        self.ring_bytes = stages * (block_m * tile_k * 2 + tile_n * tile_k // 2)
+        self.ring_bytes = ring_bytes(block_m=block_m, tile_n=tile_n, tile_k=tile_k, stages=stages)
         self.ra = cdiv(block_m, max(self.threads // self.qa, 1))  # activation rows per thread
         # Decode blocks mostly hold one or two real rows: their few activation pieces can afford
         # a pass through registers, which pairs k's the way the cheapest weight dequant does and

@@ -290,10 +290,8 @@ class MoeW4A16Op(_RegistryOp):
         """Resolve and load the variants these inputs need (call before graph capture). A
         decode-sized batch loads both decode regimes: any batch up to ``decode_tokens`` can
         then be captured, whichever of the two it falls in."""
-        self.launches_for(a, w, scales, topk, output_dtype)
-        if a.shape[0] <= self.decode_tokens:
-            for regime in ("tiny", "decode"):
-                self.launches_for(a, w, scales, topk, output_dtype, regime)
+        for regime in ("tiny", "decode") if a.shape[0] <= self.decode_tokens else (None,):
+            self.launches_for(a, w, scales, topk, output_dtype, regime)
 
     def _define(self) -> Any:
         state = self

@@ -80,6 +80,18 @@ def run_compile(
     )
 
 
+def run_compile_after(prelude: str, *args: str, epilogue: str = "") -> subprocess.CompletedProcess[str]:
+    """b12x-compile in a fresh interpreter after ``prelude`` (patches, module stubs; ``sys`` is
+    imported); ``epilogue`` runs once it returns, then the process exits with its code."""
+    code = (
+        f"import sys\n{prelude}"
+        "from b12x_aot.compiler import cli\n"
+        f"try:\n    cli.main({list(args)!r})\nexcept SystemExit as exit:\n    code = exit.code\nelse:\n    code = 0\n"
+        f"{epilogue}sys.exit(code)\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+
+
 def registry_cli(
     *args: str, check: bool = True, timeout: float = 600, env: dict | None = None
 ) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import ONE_ARCH, ONE_VARIANT, ROOT, registry_cli, run_compile, write_spec
+from ..conftest import ONE_ARCH, ONE_VARIANT, ROOT, registry_cli, run_compile, run_compile_after, write_spec
 
 pytestmark = pytest.mark.dsl
 
@@ -110,20 +110,13 @@ def test_missing_nvdisasm_degrades_to_unknown(monkeypatch: pytest.MonkeyPatch, t
 
 
 def test_build_warns_when_nvdisasm_is_missing(tmp_path: Path) -> None:
-    spec = write_spec(
-        tmp_path,
-        "s.yaml",
-        ONE_VARIANT,
-    )
-    code = (
-        "import sys\n"
-        "from b12x_aot.compiler import _sass\n"
+    spec = write_spec(tmp_path, "s.yaml", ONE_VARIANT)
+    prelude = (
+        "from b12x_aot.compiler import _sass, cli\n"
         "_sass.find_nvdisasm = lambda: None\n"
-        "from b12x_aot.compiler import cli\n"
         "cli.find_nvdisasm = lambda: None\n"
-        f"cli.main([{str(spec)!r}, '--registry', {str(tmp_path / 'r.db')!r}, '-j', '1', '--json'])\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    proc = run_compile_after(prelude, str(spec), "--registry", str(tmp_path / "r.db"), "-j", "1", "--json")
     assert proc.returncode == 0, proc.stderr
     assert "warning: nvdisasm not found (install the [sass] extra)" in proc.stderr
 
@@ -150,12 +143,9 @@ def test_a_bad_executor_is_refused_before_planning(tmp_path: Path, executor: str
 
 def test_a_cluster_build_without_the_dask_extra_says_how_to_get_it(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "s.yaml", ONE_ARCH)
-    code = (
-        "import sys\n"
-        "sys.modules['distributed'] = None  # as if the [dask] extra were not installed\n"
-        "from b12x_aot.compiler.cli import main\n"
-        f"main([{str(spec)!r}, '--registry', {str(tmp_path / 'r.db')!r}, '--executor', 'dask://sched:8786'])\n"
+    no_dask = "sys.modules['distributed'] = None  # as if the [dask] extra were not installed\n"
+    proc = run_compile_after(
+        no_dask, str(spec), "--registry", str(tmp_path / "r.db"), "--executor", "dask://sched:8786"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr
     assert "pip install 'b12x-aot[dask]'" in proc.stderr

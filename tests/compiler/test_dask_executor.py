@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ..conftest import ONE_ARCH, ONE_VARIANT, ROOT, TOPK_SMALL, run_compile, write_spec
+from ..conftest import ONE_ARCH, ONE_VARIANT, ROOT, TOPK_SMALL, run_compile, run_compile_after, write_spec
 from .test_build import consistent, current
 
 distributed = pytest.importorskip("distributed")
@@ -270,18 +270,11 @@ def test_a_late_worker_checks_itself_before_its_first_compile(
 
 
 def test_a_local_build_never_imports_dask(tmp_path: Path) -> None:
-    spec = write_spec(
-        tmp_path,
-        "s.yaml",
-        ONE_VARIANT,
+    spec = write_spec(tmp_path, "s.yaml", ONE_VARIANT)
+    loaded = "print('loaded', [m for m in ('dask', 'distributed') if m in sys.modules])\n"
+    out = run_compile_after(
+        "", str(spec), "--registry", str(tmp_path / "r.db"), "-j", "1", "--json", epilogue=loaded
     )
-    code = (
-        "import sys\n"
-        "from b12x_aot.compiler.cli import main\n"
-        f"try:\n    main([{str(spec)!r}, '--registry', {str(tmp_path / 'r.db')!r}, '-j', '1', '--json'])\n"
-        "except SystemExit as exit:\n    assert exit.code == 0, exit.code\n"
-        "print('loaded', [m for m in ('dask', 'distributed') if m in sys.modules])\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.returncode == 0, out.stderr
     assert '"built": 1' in out.stdout
     assert out.stdout.strip().splitlines()[-1] == "loaded []"
