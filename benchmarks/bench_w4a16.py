@@ -25,7 +25,8 @@ power cap, and a decode measured right after runs slower: on an H200, 2 % to 8 %
 bf16 matmuls.
 
 Routes, activations and weights are seeded by the problem, so every variant of a shape, in any
-registry or order, sees the same routes and so the same padding.
+registry or order, sees the same routes and so the same padding; each variant gets the weights
+in its ``w_layout`` (``w4a16_weights``), the same bits.
 
 Registers, spills and shared memory of each variant come from the registry file (sqlite3).
 Timings are medians of CUDA-event intervals (`_timing.device_ms`, which keeps the GPU busy
@@ -43,6 +44,7 @@ import sys
 import torch
 
 from b12x_aot.loader import Registry
+from b12x_aot.loader.torch_ops import w4a16_weights
 
 from _timing import copy_gbps, device_ms, emit, graph_us
 
@@ -92,7 +94,7 @@ class Bench:
         self.flush = torch.ones(128 * 2**20, device="cuda", dtype=torch.float32)
         # Weights and torch's per-expert work depend on the problem, not the tiling; variants
         # come grouped by problem, so only the current problem's are kept (they are large).
-        self.weights: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.weights: dict[tuple, dict[str, torch.Tensor]] = {}  # problem -> layout / "scales" -> tensor
         self.baselines: dict[tuple, dict] = {}
         self.packs: dict[tuple, object] = {}
         self.reads: dict[int, float] = {}
@@ -117,6 +119,8 @@ class Bench:
         return self.packs[want]
 
     def weights_for(self, p: dict, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The problem's weights in the variant's ``w_layout`` (one random draw per problem, each
+        layout made from it once) and its scales."""
         problem = (p["element"], experts, p["n"], p["k"], p["group"])
         if problem not in self.weights:
             self.weights.clear()  # before allocating the next problem's: they are large
@@ -127,8 +131,12 @@ class Bench:
             s = (torch.rand(experts, p["n"], p["k"] // p["group"], device="cuda", generator=gen) + 0.5) / (
                 8 * p["k"] ** 0.5
             )
-            self.weights[problem] = (w, s.to(TORCH[p["element"]]))
-        return self.weights[problem]
+            self.weights[problem] = {"nk": w, "scales": s.to(TORCH[p["element"]])}
+        cached = self.weights[problem]
+        layout = p.get("w_layout", "nk")
+        if layout not in cached:
+            cached[layout] = w4a16_weights(cached["nk"], layout)
+        return cached[layout], cached["scales"]
 
     def read_s(self, nbytes: int) -> float:
         """Seconds to read ``nbytes`` once from DRAM (``torch.sum``, L2 flushed before each)."""
@@ -168,7 +176,8 @@ class Bench:
             problem = (p["element"], p["n"], p["k"], p["group"], p["topk"], experts, tokens)
             if problem not in self.baselines:
                 self.baselines.clear()  # before building the next problem's: they are large
-                self.baselines[problem] = self.torch_baseline(x, ids, w, s, p)
+                rows = self.weights_for({**p, "w_layout": "nk"}, experts)[0]  # torch dequantizes rows
+                self.baselines[problem] = self.torch_baseline(x, ids, rows, s, p)
             flops = 2 * tokens * p["topk"] * p["n"] * p["k"]
             mine = self.versus_torch(launch, self.baselines[problem])
             dense = self.dense_s(tokens * p["topk"], p["n"], p["k"], elem)
@@ -295,7 +304,8 @@ def label(p: dict) -> str:
             **p
         )
     )
-    return text + (f" s{p['split_k']}" if p.get("split_k", 1) > 1 else "")
+    text += f" s{p['split_k']}" if p.get("split_k", 1) > 1 else ""
+    return text + (f" {p['w_layout']}" if p.get("w_layout", "nk") != "nk" else "")
 
 
 def main(argv: list[str] | None = None) -> int:

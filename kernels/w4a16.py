@@ -4,14 +4,19 @@
 ``e = route_ids[t, j]`` valid, where ``dequant(w)[n, k] = int4(w)[n, k] * s[n, k // group]``,
 products are accumulated in fp32 by tensor-core MMAs and the sum is rounded once (to nearest
 even) to the output dtype. Weights ``w[e_cap, n, k / 2]`` (u8) hold two signed int4 per byte,
-low nibble first; scales ``s[e_cap, n, k / group]`` are in the activation dtype. Rows of
-invalid routes are exact zeros and no weight is read for them. Only ``out`` is written.
+low nibble first, in one of two byte orders per expert (``w_layout``): ``nk``, rows of
+``k / 2`` bytes; ``n64k128``, for each 64-row band, its ``k / 128`` atoms in k order, an atom
+being the band's 64 rows x 64 bytes (128 k) in row order. Both give the same bits; the atoms
+let a CTA stream each band's bytes contiguously. Scales ``s[e_cap, n, k / group]`` are in the
+activation dtype. Rows of invalid routes are exact zeros and no weight is read for them. Only
+``out`` is written.
 
 The GEMM walks the blocks that ``moe.route_pack`` wrote into ``scratch`` (see
 :mod:`.route_pack` for the layout); it must be launched with the same ``num_tokens``. Grid:
-``(max_blocks, n / tile_n)``; CTA ``(b, j)`` computes the ``block_m x tile_n`` tile of block
-``b``, or fills its rows with zeros when ``b`` is a zero-bucket block (or names an expert at or
-past ``min(num_experts, e_cap)``); CTAs past the blocks used return at once.
+``(max_blocks, n / tile_n)``, read in launch order: CTA ``L = x + y * max_blocks`` computes
+the ``block_m x tile_n`` tile ``L % (n / tile_n)`` of block ``L // (n / tile_n)``, or fills its
+rows with zeros when the block is a zero-bucket block (or names an expert at or past
+``min(num_experts, e_cap)``); CTAs past the blocks used return at once.
 
 Per CTA: the block's ``tile_n x k / group`` scale slab is copied to shared memory once, then
 ``block_m x tile_k`` activation rows (gathered by route, padding rows skipped) and the
@@ -54,7 +59,12 @@ from ._w4a16_mma import MmaSyncMainloop
 from ._w4a16_wgmma import WgmmaMainloop
 from .route_pack import HEADER_WORDS, scratch_bounds
 
-__all__ = ["SMEM_PARAMS", "W4A16", "smem_bytes"]
+__all__ = ["SMEM_PARAMS", "W4A16", "WEIGHT_LAYOUTS", "smem_bytes"]
+
+# w_layout (see W4A16.w_chunk): "nk", rows of k / 2 bytes; "n64k128", 4 KiB atoms of 64 rows x
+# 128 k, a 64-row band's atoms in k order, so a CTA streams each band's bytes contiguously
+WEIGHT_LAYOUTS = ("nk", "n64k128")
+BAND, ATOM_K = 64, 128  # n64k128: rows of a band, k of an atom (64 bytes a row)
 
 SMEM_PARAMS = (
     "element",
@@ -107,6 +117,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         split_k: int,
         cta_threads: int,
         e_cap: int,
+        w_layout: str = "nk",
     ):
         super().__init__(
             geometry,
@@ -124,6 +135,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             split_k=split_k,
             cta_threads=cta_threads,
             e_cap=e_cap,
+            w_layout=w_layout,
         )
         if element not in DTYPES:
             raise ValueError(f"element must be bf16 or fp16 (got {element!r})")
@@ -131,6 +143,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         self.element, self.output = dsl_dtype(element), dsl_dtype(output)
         self.topk, self.n, self.k, self.group = topk, n, k, group
         self.bm, self.tn, self.tk, self.stages, self.e_cap = block_m, tile_n, tile_k, stages, e_cap
+        self.atoms = w_layout == "n64k128"
         # split_k k-parts of equal threads each walk k / split_k of the tile (own ring, own
         # named barrier); part 0 then adds the others' fp32 sums in part order and stores.
         self.split, self.cta_threads = split_k, cta_threads
@@ -165,6 +178,12 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 "tile_n % (8 * part warps) == 0",
             ),
             (block_m % 16, "block_m % 16 == 0"),
+            (w_layout not in WEIGHT_LAYOUTS, f"w_layout in {WEIGHT_LAYOUTS}"),
+            (
+                self.atoms and (n % BAND or tile_n % BAND or k % ATOM_K or self._pass_splits_bands()),
+                "n64k128: n, tile_n % 64 == 0, k % 128 == 0, and a weight copy pass of whole or "
+                "dividing 64-row bands",
+            ),
             (group % 16 or (k // group) % 8, "group % 16 == 0 and (k // group) % 8 == 0"),
             (self.threads % self.qa, "part threads % (tile_k // 8) == 0"),
             (self.threads // max(self.qw, 1) % 8, "part threads // (tile_k // 32) % 8 == 0"),  # see issue()
@@ -212,7 +231,13 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         num_experts: Int32,
     ):
         tid, _, _ = cute.arch.thread_idx()
-        blk, nt, _ = cute.arch.block_idx()
+        # CTAs start in launch order, x fastest: walk a block's n tiles in a row, so its
+        # gathered activation rows (and, in decode, one expert's weights) stay hot in L2, and
+        # the grid's empty trailing blocks are the CTAs that start last.
+        bx, by, _ = cute.arch.block_idx()
+        grid_x, _, _ = cute.arch.grid_dim()
+        tiles = self.n // self.tn
+        blk, nt = (bx + by * grid_x) // tiles, (bx + by * grid_x) % tiles
         bm = self.bm
         routes, live, nblk = scratch_bounds(
             num_tokens, num_experts, topk=self.topk, block_m=bm, e_cap=self.e_cap
@@ -270,14 +295,36 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         dst0 = s_w[
             None, slot * total + (qq // 2) * (self.tn * 2) + n0 * 2 + ((qq % 2) ^ ((n0 // 4) % 2))
         ].iterator.toint()
-        src0 = g_w[None, w_src + n0 * (self.k // 32) + kt * qw + qq].iterator.toint()
+        src0 = g_w[None, w_src + self.w_chunk(n0, kt * qw + qq)].iterator.toint()
         for i in cutlass.range_constexpr(cdiv(total, self.threads)):
-            dst, src = dst0 + i * rows * 32, src0 + i * rows * (self.k // 32) * 16
+            dst, src = dst0 + i * rows * 32, src0 + self.w_chunk(i * rows, 0) * 16
             if cutlass.const_expr(total % self.threads == 0):
                 cp_async_16_l2_256(dst, src)
             else:
                 if tid + i * self.threads < total:
                     cp_async_16_l2_256(dst, src)
+
+    def w_chunk(self, row, chunk):
+        """The 16-byte unit of the tile's weight row ``row`` at k-chunk ``chunk`` (32 k), from
+        the tile's first unit; a constant for constant arguments. ``nk``: rows of ``k / 2``
+        bytes. ``n64k128``: a band of 64 rows holds ``k / 128`` atoms in k order, an atom its 64
+        rows' 64 bytes in row order; a tile starts a band (``tile_n % 64 == 0``)."""
+        k32 = self.k // 32
+        if not self.atoms:
+            return row * k32 + chunk
+        per_row = ATOM_K // 32
+        return (
+            (row // BAND) * BAND * k32
+            + (chunk // per_row) * BAND * per_row
+            + (row % BAND) * per_row
+            + chunk % per_row
+        )
+
+    def _pass_splits_bands(self) -> bool:
+        """Whether a weight copy pass (``threads / (tile_k / 32)`` rows) straddles 64-row
+        bands: its offset from pass 0 would then depend on the thread's row."""
+        rows = self.threads // max(self.qw, 1)
+        return rows % BAND != 0 and BAND % max(rows, 1) != 0
 
     @cute.jit
     def gemm_block(

@@ -6,7 +6,8 @@ inside CUDA graphs and under ``torch.compile(fullgraph=True)``:
 - ``b12x::topk_sum(routed, weights, route_ids, num_experts, output_dtype) -> out``
 - ``b12x::mxfp8_quant(x, rounding) -> (q, scales)``
 - ``b12x::moe_w4a16(a, w, scales, route_ids, num_experts, output_dtype) -> out``: route pack,
-  then the int4 grouped GEMM, with the scratch between them sized by the spec's ``shapes()``.
+  then the int4 grouped GEMM, with the scratch between them sized by the spec's ``shapes()``;
+  ``w`` in the op's weight layout (:func:`w4a16_weights` converts it once, at load).
 
 Each op picks its variant from its inputs' dtypes and shapes, launches through
 ``checked()`` (so a wrong size is refused before anything runs), and raises the registry's
@@ -35,6 +36,7 @@ __all__ = [
     "register_moe_w4a16",
     "register_mxfp8_quant",
     "register_topk_sum",
+    "w4a16_weights",
 ]
 
 _DTYPE_NAMES = {getattr(torch, DTYPES[n].torch_name): n for n in ("fp32", "fp16", "bf16")}
@@ -45,6 +47,28 @@ def _dtype_name(dtype: torch.dtype, what: str) -> str:
         return _DTYPE_NAMES[dtype]
     except KeyError:
         raise LaunchArgumentError("torch op", what, "must be float32, float16 or bfloat16", dtype) from None
+
+
+def w4a16_weights(w: torch.Tensor, w_layout: str) -> torch.Tensor:
+    """``w[E, n, k // 2]`` (u8 rows of packed int4) in the byte order of the moe.w4a16 param
+    ``w_layout``, same shape: ``nk`` is the rows as they are (``w``, made contiguous);
+    ``n64k128`` is a new tensor holding, per expert and 64-row band, the band's atoms of 128 k
+    in k order, each atom its 64 rows x 64 bytes in row order (``n % 64 == 0``,
+    ``k % 128 == 0``). Convert once, when the weights are loaded."""
+    what = f"{tuple(w.shape)} {w.dtype}"
+    if w.dim() != 3 or w.dtype != torch.uint8:
+        raise LaunchArgumentError("w4a16_weights", "w", "must be a [E, n, k // 2] uint8 tensor", what)
+    experts, n, half_k = w.shape
+    if w_layout == "nk":
+        return w.contiguous()
+    if w_layout != "n64k128":
+        raise LaunchArgumentError("w4a16_weights", "w_layout", "must be 'nk' or 'n64k128'", repr(w_layout))
+    if n % 64 or half_k % 64:
+        raise LaunchArgumentError(
+            "w4a16_weights", "w", "needs n % 64 == 0 and k % 128 == 0 for n64k128", what
+        )
+    atoms = w.reshape(experts, n // 64, 64, half_k // 64, 64).permute(0, 1, 3, 2, 4)
+    return atoms.contiguous().view(experts, n, half_k)
 
 
 class _RegistryOp:
@@ -191,7 +215,8 @@ class MoeW4A16Op(_RegistryOp):
 
     ``a[M, k]`` activations, ``w[E, n, k // 2]`` packed int4 weights and ``scales[E, n, k //
     group]`` of the experts that can be resident (``E <= e_cap``), ``route_ids[M, topk]``;
-    returns ``out[M, topk, n]``. The tile follows the batch: decode tiles (``block_m`` 16) for
+    returns ``out[M, topk, n]``, with ``w`` in ``w_layout`` (``nk`` rows, or the ``n64k128``
+    atoms that :func:`w4a16_weights` makes: the faster). The tile follows the batch: decode tiles (``block_m`` 16) for
     up to ``decode_tokens`` tokens (split-k ones when the launch would not fill the SMs: a token
     routes to a handful of experts), prefill tiles above ``prefill_tokens``, mid tiles between,
     each the first the registry holds in :attr:`TILES` order. Tiles sum in different fp32
@@ -222,8 +247,12 @@ class MoeW4A16Op(_RegistryOp):
         e_cap: int = 256,
         decode_tokens: int = 16,
         prefill_tokens: int = 256,
+        w_layout: str = "nk",
     ) -> None:
+        if w_layout not in ("nk", "n64k128"):
+            raise LaunchArgumentError("moe_w4a16", "w_layout", "must be 'nk' or 'n64k128'", repr(w_layout))
         self.e_cap, self.decode_tokens, self.prefill_tokens = e_cap, decode_tokens, prefill_tokens
+        self.w_layout = w_layout
         self._sms: dict[int, int] = {}
         super().__init__(registry, abi=abi, namespace=namespace)
 
@@ -256,6 +285,7 @@ class MoeW4A16Op(_RegistryOp):
             "k": k,
             "group": k // scales.shape[2] if scales.shape[2] else 0,
             "e_cap": self.e_cap,
+            "w_layout": self.w_layout,
         }
         regime = regime or self.regime(
             a.shape[0], routes=a.shape[0] * topk, experts=w.shape[0], n=w.shape[1], device=device
@@ -346,8 +376,8 @@ def register_mxfp8_quant(registry: Registry, *, abi: int = 1, namespace: str = "
 
 
 def register_moe_w4a16(
-    registry: Registry, *, abi: int = 1, namespace: str = "b12x", **policy: int
+    registry: Registry, *, abi: int = 1, namespace: str = "b12x", **policy: Any
 ) -> MoeW4A16Op:
     """Define ``{namespace}::moe_w4a16`` over ``registry`` (``policy``: ``e_cap``,
-    ``decode_tokens``, ``prefill_tokens``). Call once per namespace."""
+    ``decode_tokens``, ``prefill_tokens``, ``w_layout``). Call once per namespace."""
     return MoeW4A16Op(registry, abi=abi, namespace=namespace, **policy)

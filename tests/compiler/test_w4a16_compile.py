@@ -24,7 +24,7 @@ FULL = ROOT / "tests" / "specs" / "moe_w4a16_full.yaml"
 TILES = ROOT / "benchmarks" / "specs" / "bench_w4a16_tiles.yaml"
 PACK_TILES = ROOT / "benchmarks" / "specs" / "bench_route_pack_tiles.yaml"
 # Three decode variants per arch that differ only in cta_threads, plus their route packer.
-SUBSET = ("element=bf16", "output=bf16", "n=256", "block_m=16", "group=128", "e_cap=256")
+SUBSET = ("element=bf16", "output=bf16", "n=256", "block_m=16", "group=128", "e_cap=256", "w_layout=nk")
 
 
 @pytest.fixture(scope="module")
@@ -79,23 +79,28 @@ def test_subset_sass_has_tensor_cores_cp_async_and_no_spills(small_w4a16_registr
 
 @pytest.mark.usefixtures("needs_nvdisasm")
 def test_prefill_tile_runs_wgmma_on_sm90a_only(tmp_path: Path) -> None:
-    # The one prefill tile of the subset: sm_90a takes the warpgroup-MMA k-loop (HGMMA, weights as
-    # the register operand), the other archs the warp-level one (HMMA); both without spills.
+    # The one prefill tile of the subset, in both weight layouts: sm_90a takes the warpgroup-MMA
+    # k-loop (HGMMA, weights as the register operand), the other archs the warp-level one (HMMA);
+    # all without spills.
     db = tmp_path / "kernels.db"
     picks = ("element=bf16", "output=bf16", "n=256", "group=128", "block_m=64", "tile_k=64")
     run_compile(str(W4A16), "--registry", str(db), "-j", "2", *[a for p in picks for a in ("--where", p)])
     rows = current_rows(db)
-    mma = {r.arch: {op.split(".")[0] for op in r.opcodes if "MMA" in op} for r in rows}
-    assert mma == {"sm_90a": {"HGMMA"}, "sm_100a": {"HMMA"}, "sm_120a": {"HMMA"}}
-    assert all(r.spill_store_bytes == 0 for r in rows)
+    assert sorted((r.arch, r.params["w_layout"]) for r in rows) == sorted(
+        (arch, layout) for arch in ARCHS for layout in ("nk", "n64k128")
+    )
+    want = {"sm_90a": {"HGMMA"}, "sm_100a": {"HMMA"}, "sm_120a": {"HMMA"}}
+    for row in rows:
+        assert {op.split(".")[0] for op in row.opcodes if "MMA" in op} == want[row.arch], row.params
+        assert row.spill_store_bytes == 0, (row.arch, row.params)
     # A block's wgmmas are only as wide as its real rows need: one k-loop per width (block_m 64:
     # n = 64, 32, 16), each with the same wgmmas (4 steps per m64 chunk).
-    (sm90,) = [r for r in rows if r.arch == "sm_90a"]
-    widths = Counter()
-    for op, count in sm90.opcodes.items():
-        if op.startswith("HGMMA"):
-            widths[int(op.split(".")[1].split("x")[1])] += count
-    assert set(widths) == {64, 32, 16} and len(set(widths.values())) == 1, sm90.opcodes
+    for sm90 in (r for r in rows if r.arch == "sm_90a"):
+        widths = Counter()
+        for op, count in sm90.opcodes.items():
+            if op.startswith("HGMMA"):
+                widths[int(op.split(".")[1].split("x")[1])] += count
+        assert set(widths) == {64, 32, 16} and len(set(widths.values())) == 1, sm90.opcodes
 
 
 def test_param_tables_match_the_spec_args() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from b12x_aot.loader.torch_ops import w4a16_weights
+
 from ..conftest import family_variants
 from .reference import same_bits
 from .w4a16_cases import MAX_ROWS, Case, experts_for, prepared, route_ids, route_pack_for
@@ -51,7 +53,7 @@ def test_every_variant_matches_reference(gpu_registry, device_arch: str) -> None
         weights = None
         for m in ROWS:
             case = Case(p, m, gen, pack, weights=weights)
-            weights = (case.w, case.s)  # one weight draw per variant keeps the test fast
+            weights = (case.rows, case.s)  # one weight draw per variant keeps the test fast
             before = {name: t.clone() for name, t in case.inputs().items()}
             case.launch(pack, gemm)
             torch.cuda.synchronize()
@@ -164,3 +166,30 @@ def test_variants_differing_only_in_cta_threads_are_bit_identical(gpu_registry, 
                 two.launch(pack, prepared(gpu_registry, entry))
                 torch.cuda.synchronize()
                 assert same_bits(one.out, two.out), f"{t0} vs {t} threads differ: {p} m={m}"
+
+
+def test_weight_layouts_give_the_same_bits(gpu_registry, device_arch: str) -> None:
+    # w_layout is a byte order, not a numeric choice: each n64k128 variant on the atoms that
+    # w4a16_weights makes gives the bits of its nk twin on the rows.
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    entries = family_variants(gpu_registry, "moe.w4a16", device_arch)
+    by_params = {tuple(sorted(e.params.items())): e for e in entries}
+    pairs = [
+        (e, by_params.get(tuple(sorted({**e.params, "w_layout": "nk"}.items()))))
+        for e in entries
+        if e.params.get("w_layout") == "n64k128"
+    ]
+    pairs = [(atoms, rows) for atoms, rows in pairs if rows is not None]
+    if not pairs:
+        pytest.skip("no variant is built in both weight layouts")
+    for atoms, rows in pairs:
+        p = dict(rows.params)
+        pack = route_pack_for(gpu_registry, device_arch, p)
+        for m in (1, 300):
+            one = Case(p, m, gen, pack)
+            one.launch(pack, prepared(gpu_registry, rows))
+            two = one.twin()
+            two.w = w4a16_weights(one.rows, "n64k128")
+            two.launch(pack, prepared(gpu_registry, atoms))
+            torch.cuda.synchronize()
+            assert same_bits(one.out, two.out), f"n64k128 differs from nk: {p} m={m}"

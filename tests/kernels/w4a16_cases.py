@@ -8,6 +8,8 @@ import copy
 import pytest
 import torch
 
+from b12x_aot.loader.torch_ops import w4a16_weights
+
 from ..conftest import family_variants
 from .reference import TORCH_DTYPES
 from .w4a16_reference import moe_w4a16, random_weights
@@ -47,9 +49,12 @@ class Case:
         element = TORCH_DTYPES[p["element"]]
         self.a = torch.randn(m, p["k"], device="cuda", generator=gen).to(element)
         self.ids = route_ids(m, p["topk"], self.experts, gen, invalid_fraction)
-        self.w, self.s = weights or random_weights(
+        # rows: the [E, n, k / 2] weights the references read; w: the same bytes in the
+        # variant's w_layout, what the kernel reads (the same tensor for nk)
+        self.rows, self.s = weights or random_weights(
             self.experts, p["n"], p["k"], p["group"], element, device="cuda", generator=gen
         )
+        self.w = w4a16_weights(self.rows, p.get("w_layout", "nk"))
         words = pack.shapes(num_tokens=MAX_ROWS, num_experts=self.experts)["scratch"]
         self.scratch = torch.full(words, -(2**31), device="cuda", dtype=torch.int32)
         self.out = torch.full(
@@ -77,7 +82,7 @@ class Case:
         return moe_w4a16(
             self.a.double(),
             self.ids,
-            self.w,
+            self.rows,
             self.s,
             group=p["group"],
             num_experts=self.experts,

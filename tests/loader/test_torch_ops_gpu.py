@@ -128,3 +128,28 @@ def test_moe_w4a16_preload_covers_every_decode_batch(gpu_registry) -> None:
     eager = op.op(a, w, s, ids, experts, dtype)
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+def test_moe_w4a16_op_on_n64k128_weights_gives_the_nk_bits(gpu_registry) -> None:
+    # The op built for atom-ordered weights picks the same tiles and gives the same bits, at
+    # a tiny (split-k), a decode and a prefill batch.
+    from b12x_aot.loader.torch_ops import register_moe_w4a16, w4a16_weights
+
+    rows_op, gen, w, s = moe_op_and_weights(gpu_registry, "b12x_test_moe_rows", 10)
+    atoms_op = register_moe_w4a16(gpu_registry, namespace="b12x_test_moe_atoms", w_layout="n64k128")
+    atoms = w4a16_weights(w, "n64k128")
+    dtype = torch.bfloat16
+    for m in (1, 16, 512):
+        a = torch.randn(m, K, device="cuda", generator=gen).to(dtype)
+        ids = torch.randint(-1, EXPERTS, (m, TOPK), device="cuda", generator=gen, dtype=torch.int32)
+        want = rows_op(a, w, s, ids, EXPERTS, dtype)
+        got = atoms_op(a, atoms, s, ids, EXPERTS, dtype)
+        tiles = [
+            op.launches_for(a, x, s, TOPK, dtype)[1].entry.params
+            for op, x in ((rows_op, w), (atoms_op, atoms))
+        ]
+        assert tiles[0] == {**tiles[1], "w_layout": "nk"} and tiles[1]["w_layout"] == "n64k128"
+        torch.cuda.synchronize()
+        assert torch.equal(got, want), m
+    with pytest.raises(LaunchArgumentError, match="w_layout"):
+        register_moe_w4a16(gpu_registry, namespace="b12x_test_moe_bad", w_layout="kn")

@@ -1,0 +1,78 @@
+"""The moe.w4a16 weight byte orders, on the CPU: the 16-byte unit the kernel's copy reads for
+(row, k-chunk) of a tile (``W4A16.w_chunk``) holds, in what ``w4a16_weights`` makes, the bytes
+of that row and chunk in the plain ``[E, n, k / 2]`` rows, for every tile of every expert."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("cutlass")
+pytest.importorskip("torch")
+
+import torch
+
+from b12x_aot.kernels.w4a16 import W4A16, WEIGHT_LAYOUTS
+from b12x_aot.loader.errors import LaunchArgumentError
+from b12x_aot.loader.torch_ops import w4a16_weights
+
+
+def reader(k: int, w_layout: str) -> W4A16:
+    tile = W4A16.__new__(W4A16)  # only the address math: no spec, no compile
+    tile.k, tile.atoms = k, w_layout == "n64k128"
+    return tile
+
+
+@pytest.mark.parametrize("w_layout", WEIGHT_LAYOUTS)
+@pytest.mark.parametrize(("n", "k", "tile_n"), [(128, 256, 64), (256, 384, 128), (384, 128, 128)])
+def test_each_unit_the_kernel_reads_holds_its_row_and_chunk(
+    w_layout: str, n: int, k: int, tile_n: int
+) -> None:
+    experts = 3
+    gen = torch.Generator().manual_seed(n + k)
+    rows = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=gen)
+    laid = w4a16_weights(rows, w_layout)
+    assert laid.shape == rows.shape and laid.dtype == torch.uint8
+    units = laid.reshape(-1, 16)  # the kernel's view: 16-byte units of the whole tensor
+    tile = reader(k, w_layout)
+    k32 = k // 32
+    read = set()
+    for e in range(experts):
+        for nt in range(n // tile_n):
+            first = (e * n + nt * tile_n) * k32  # the tile's first unit, as the kernel computes it
+            for row in range(tile_n):
+                for chunk in range(k32):
+                    unit = first + tile.w_chunk(row, chunk)
+                    want = rows[e, nt * tile_n + row, 16 * chunk : 16 * chunk + 16]
+                    assert torch.equal(units[unit], want), (w_layout, e, nt, row, chunk)
+                    read.add(unit)
+    assert read == set(range(units.shape[0]))  # a permutation: every unit read exactly once
+    if w_layout == "nk":
+        assert torch.equal(laid, rows)
+
+
+@pytest.mark.parametrize("w_layout", WEIGHT_LAYOUTS)
+def test_a_copy_pass_offset_is_one_constant_unless_the_kernel_refuses_the_pass(w_layout: str) -> None:
+    # The copy adds w_chunk(i * rows, 0) to pass 0's address w_chunk(n0, chunk) (n0 < rows): exact
+    # for passes of whole or dividing bands; W4A16 refuses the params that give other passes.
+    tile = reader(512, w_layout)
+    tile.qw = 4
+    for rows in (8, 16, 24, 32, 48, 64, 96, 128):
+        tile.threads = rows * tile.qw
+        exact = all(
+            tile.w_chunk(n0 + i * rows, c) == tile.w_chunk(n0, c) + tile.w_chunk(i * rows, 0)
+            for n0 in range(rows)
+            for i in range(256 // rows)
+            for c in range(16)
+        )
+        refused = tile.atoms and tile._pass_splits_bands()
+        assert exact != refused, (w_layout, rows)
+
+
+def test_bad_weights_and_layouts_are_refused_with_what_was_given() -> None:
+    rows = torch.zeros(2, 96, 64, dtype=torch.uint8)  # n = 96: not whole 64-row bands
+    with pytest.raises(LaunchArgumentError, match=r"n % 64 == 0.*\(2, 96, 64\)"):
+        w4a16_weights(rows, "n64k128")
+    with pytest.raises(LaunchArgumentError, match=r"'nk' or 'n64k128'.*'kn'"):
+        w4a16_weights(rows, "kn")
+    with pytest.raises(LaunchArgumentError, match=r"uint8.*torch.float32"):
+        w4a16_weights(rows.float(), "nk")
