@@ -216,13 +216,14 @@ class MoeW4A16Op(_RegistryOp):
     ``a[M, k]`` activations, ``w[E, n, k // 2]`` packed int4 weights and ``scales[E, n, k //
     group]`` of the experts that can be resident (``E <= e_cap``), ``route_ids[M, topk]``;
     returns ``out[M, topk, n]``, with ``w`` in ``w_layout`` (``nk`` rows, or the ``n64k128``
-    atoms that :func:`w4a16_weights` makes: the faster). The tile follows the batch: decode tiles (``block_m`` 16) for
-    up to ``decode_tokens`` tokens (split-k ones when the launch would not fill the SMs: a token
-    routes to a handful of experts), prefill tiles above ``prefill_tokens``, mid tiles between,
-    each the first the registry holds in :attr:`TILES` order. Tiles sum in different fp32
-    orders, so a token's output bits can differ between batch sizes that pick different tiles
-    (every tile meets the same accuracy bar); for one batch size they are always the same. The route-pack scratch comes
-    from the spec's ``shapes()`` and is allocated per call by torch's allocator.
+    atoms that :func:`w4a16_weights` makes: the faster). The tile follows the batch: decode
+    tiles (``block_m`` 16) for up to ``decode_tokens`` tokens (split-k ones when the launch
+    would have few tiles per SM: a few tokens route to a handful of experts, or the shape is
+    narrow), prefill tiles above ``prefill_tokens``, mid tiles between, each the first the
+    registry holds in :attr:`TILES` order. Tiles sum in different fp32 orders, so a token's
+    output bits can differ between batch sizes that pick different tiles (every tile meets the
+    same accuracy bar); for one batch size they are always the same. The route-pack scratch
+    comes from the spec's ``shapes()`` and is allocated per call by torch's allocator.
     """
 
     family = "moe.w4a16"
@@ -231,7 +232,7 @@ class MoeW4A16Op(_RegistryOp):
     # registry holds for a shape is its best
     _DECODE = ((16, 128, 128, 3, 128, 1), (16, 128, 128, 3, 256, 1), (16, 128, 128, 3, 512, 1))
     TILES: Mapping[str, Sequence[tuple[int, int, int, int, int, int]]] = {
-        "tiny": ((16, 64, 128, 4, 512, 4), (16, 128, 128, 3, 512, 4), *_DECODE),
+        "tiny": ((16, 64, 128, 3, 256, 4), *_DECODE),
         "decode": _DECODE,
         "mid": ((32, 128, 64, 3, 256, 1), (64, 128, 64, 3, 128, 1), (64, 128, 128, 3, 128, 1)),
         "prefill": ((128, 128, 64, 3, 256, 1), (128, 128, 64, 3, 128, 1), (64, 128, 64, 3, 128, 1)),
@@ -258,11 +259,12 @@ class MoeW4A16Op(_RegistryOp):
 
     def regime(self, tokens: int, *, routes: int, experts: int, n: int, device: int) -> str:
         """``tiny`` when a decode launch would have fewer 128-wide tiles (at most one per touched
-        expert) than the device has SMs, then ``decode``, ``mid`` or ``prefill`` by tokens."""
+        expert) than three per SM (on an H200 the split-k tile wins below that, the 128-wide
+        one above), then ``decode``, ``mid`` or ``prefill`` by tokens."""
         if tokens <= self.decode_tokens:
             if device not in self._sms:
                 self._sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
-            return "tiny" if min(routes, experts) * (n // 128) < self._sms[device] else "decode"
+            return "tiny" if min(routes, experts) * (n // 128) < 3 * self._sms[device] else "decode"
         return "prefill" if tokens > self.prefill_tokens else "mid"
 
     def launches_for(

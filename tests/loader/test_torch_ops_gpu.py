@@ -61,8 +61,9 @@ def test_mxfp8_op_eager_graph_and_compile(gpu_registry) -> None:
         op(torch.zeros(4, 96, device="cuda", dtype=dtype))  # K = 96 is not built
 
 
-# The moe_w4a16 op tests' problem: an FC1 shape over 16 resident experts, bf16.
-EXPERTS, N, K, GROUP, TOPK = 16, 2048, 7168, 128, 8
+# The moe_w4a16 op tests' problem: an FC1 shape over 32 resident experts, bf16 (enough tiles
+# at 16 tokens for the 128-wide decode tile, few enough at 1 token for the split-k one).
+EXPERTS, N, K, GROUP, TOPK = 32, 2048, 7168, 128, 8
 
 
 def moe_op_and_weights(gpu_registry, namespace: str, seed: int):
@@ -110,10 +111,12 @@ def test_moe_w4a16_op_eager_graph_and_compile(gpu_registry) -> None:
 
 
 def test_moe_w4a16_preload_covers_every_decode_batch(gpu_registry) -> None:
-    # One preload at 16 tokens; a 1-token batch picks split-k tiles (its few experts' tiles
-    # would not fill the SMs) and still loads nothing during capture.
+    # One preload at 16 tokens (the decode regime); a 1-token batch picks the split-k tile (its
+    # few experts' tiles would leave the SMs idle) and still loads nothing during capture.
     op, gen, w, s = moe_op_and_weights(gpu_registry, "b12x_test_moe_preload", 9)
     experts, k, topk = EXPERTS, K, TOPK
+    regimes = [op.regime(m, routes=m * topk, experts=experts, n=N, device=0) for m in (16, 1)]
+    assert regimes == ["decode", "tiny"]
     dtype = torch.bfloat16
     op.preload(torch.zeros(16, k, device="cuda", dtype=dtype), w, s, topk, dtype)
     a = torch.randn(1, k, device="cuda", generator=gen).to(dtype)
