@@ -94,7 +94,8 @@ class Bench:
         self.flush = torch.ones(128 * 2**20, device="cuda", dtype=torch.float32)
         # Weights and torch's per-expert work depend on the problem, not the tiling; variants
         # come grouped by problem, so only the current problem's are kept (they are large).
-        self.weights: dict[tuple, dict[str, torch.Tensor]] = {}  # problem -> layout / "scales" -> tensor
+        # problem -> (weights by w_layout, scales)
+        self.weights: dict[tuple, tuple[dict[str, torch.Tensor], torch.Tensor]] = {}
         self.baselines: dict[tuple, dict] = {}
         self.packs: dict[tuple, object] = {}
         self.reads: dict[int, float] = {}
@@ -131,12 +132,12 @@ class Bench:
             s = (torch.rand(experts, p["n"], p["k"] // p["group"], device="cuda", generator=gen) + 0.5) / (
                 8 * p["k"] ** 0.5
             )
-            self.weights[problem] = {"nk": w, "scales": s.to(TORCH[p["element"]])}
-        cached = self.weights[problem]
+            self.weights[problem] = ({"nk": w}, s.to(TORCH[p["element"]]))
+        layouts, scales = self.weights[problem]
         layout = p.get("w_layout", "nk")
-        if layout not in cached:
-            cached[layout] = w4a16_weights(cached["nk"], layout)
-        return cached[layout], cached["scales"]
+        if layout not in layouts:
+            layouts[layout] = w4a16_weights(layouts["nk"], layout)
+        return layouts[layout], scales
 
     def read_s(self, nbytes: int) -> float:
         """Seconds to read ``nbytes`` once from DRAM (``torch.sum``, L2 flushed before each)."""

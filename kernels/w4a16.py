@@ -4,11 +4,9 @@
 ``e = route_ids[t, j]`` valid, where ``dequant(w)[n, k] = int4(w)[n, k] * s[n, k // group]``,
 products are accumulated in fp32 by tensor-core MMAs and the sum is rounded once (to nearest
 even) to the output dtype. Weights ``w[e_cap, n, k / 2]`` (u8) hold two signed int4 per byte,
-low nibble first, in one of two byte orders per expert (``w_layout``): ``nk``, rows of
-``k / 2`` bytes; ``n64k128``, for each 64-row band, its ``k / 128`` atoms in k order, an atom
-being the band's 64 rows x 64 bytes (128 k) in row order. Both give the same bits; the atoms
-let a CTA stream each band's bytes contiguously. Scales ``s[e_cap, n, k / group]`` are in the
-activation dtype. Rows of invalid routes are exact zeros and no weight is read for them. Only
+low nibble first, in the byte order ``w_layout`` names (``nk`` rows or ``n64k128`` atoms, see
+:mod:`b12x_aot.loader.w4a16_layout`; the same bits either way). Scales ``s[e_cap, n, k /
+group]`` are in the activation dtype. Rows of invalid routes are exact zeros and no weight is read for them. Only
 ``out`` is written.
 
 The GEMM walks the blocks that ``moe.route_pack`` wrote into ``scratch`` (see
@@ -51,6 +49,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint8, Uint16, Uint32
 
 from b12x_aot.loader import cdiv
+from b12x_aot.loader.w4a16_layout import ATOM_K, BAND, WEIGHT_LAYOUTS
 
 from ._base import AotKernel, dsl_dtype
 from ._ptx import cp_async_16_l2_256
@@ -59,12 +58,7 @@ from ._w4a16_mma import MmaSyncMainloop
 from ._w4a16_wgmma import WgmmaMainloop
 from .route_pack import HEADER_WORDS, scratch_bounds
 
-__all__ = ["SMEM_PARAMS", "W4A16", "WEIGHT_LAYOUTS", "smem_bytes"]
-
-# w_layout (see W4A16.w_chunk): "nk", rows of k / 2 bytes; "n64k128", 4 KiB atoms of 64 rows x
-# 128 k, a 64-row band's atoms in k order, so a CTA streams each band's bytes contiguously
-WEIGHT_LAYOUTS = ("nk", "n64k128")
-BAND, ATOM_K = 64, 128  # n64k128: rows of a band, k of an atom (64 bytes a row)
+__all__ = ["SMEM_PARAMS", "W4A16", "smem_bytes"]
 
 SMEM_PARAMS = (
     "element",
@@ -180,9 +174,9 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             (block_m % 16, "block_m % 16 == 0"),
             (w_layout not in WEIGHT_LAYOUTS, f"w_layout in {WEIGHT_LAYOUTS}"),
             (
-                self.atoms and (n % BAND or tile_n % BAND or k % ATOM_K or self._pass_splits_bands()),
-                "n64k128: n, tile_n % 64 == 0, k % 128 == 0, and a weight copy pass of whole or "
-                "dividing 64-row bands",
+                self.atoms and (tile_n % BAND or k % ATOM_K or self._pass_splits_bands()),
+                "n64k128: tile_n % 64 == 0, k % 128 == 0, and (cta_threads / split_k) / "
+                "(tile_k / 32) divides 64 or is a multiple of it (the rows one weight copy pass takes)",
             ),
             (group % 16 or (k // group) % 8, "group % 16 == 0 and (k // group) % 8 == 0"),
             (self.threads % self.qa, "part threads % (tile_k // 8) == 0"),
@@ -231,13 +225,14 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         num_experts: Int32,
     ):
         tid, _, _ = cute.arch.thread_idx()
-        # CTAs start in launch order, x fastest: walk a block's n tiles in a row, so its
-        # gathered activation rows (and, in decode, one expert's weights) stay hot in L2, and
-        # the grid's empty trailing blocks are the CTAs that start last.
+        # CTAs start in launch order, x fastest: walk a block's n tiles in a row, so the
+        # block's gathered activation rows stay hot in L2 for its tiles, an expert's weight rows
+        # are read in address order, and the grid's empty trailing blocks start last.
         bx, by, _ = cute.arch.block_idx()
         grid_x, _, _ = cute.arch.grid_dim()
         tiles = self.n // self.tn
-        blk, nt = (bx + by * grid_x) // tiles, (bx + by * grid_x) % tiles
+        cta = bx + by * grid_x
+        blk, nt = cta // tiles, cta % tiles
         bm = self.bm
         routes, live, nblk = scratch_bounds(
             num_tokens, num_experts, topk=self.topk, block_m=bm, e_cap=self.e_cap
@@ -306,9 +301,8 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
 
     def w_chunk(self, row, chunk):
         """The 16-byte unit of the tile's weight row ``row`` at k-chunk ``chunk`` (32 k), from
-        the tile's first unit; a constant for constant arguments. ``nk``: rows of ``k / 2``
-        bytes. ``n64k128``: a band of 64 rows holds ``k / 128`` atoms in k order, an atom its 64
-        rows' 64 bytes in row order; a tile starts a band (``tile_n % 64 == 0``)."""
+        the tile's first unit, in the ``w_layout`` byte order (:mod:`~b12x_aot.loader.
+        w4a16_layout`; an n64k128 tile starts a band); a constant for constant arguments."""
         k32 = self.k // 32
         if not self.atoms:
             return row * k32 + chunk

@@ -7,7 +7,7 @@ inside CUDA graphs and under ``torch.compile(fullgraph=True)``:
 - ``b12x::mxfp8_quant(x, rounding) -> (q, scales)``
 - ``b12x::moe_w4a16(a, w, scales, route_ids, num_experts, output_dtype) -> out``: route pack,
   then the int4 grouped GEMM, with the scratch between them sized by the spec's ``shapes()``;
-  ``w`` in the op's weight layout (:func:`w4a16_weights` converts it once, at load).
+  ``w`` in the op's ``w_layout`` (:func:`w4a16_weights` converts it once, at load).
 
 Each op picks its variant from its inputs' dtypes and shapes, launches through
 ``checked()`` (so a wrong size is refused before anything runs), and raises the registry's
@@ -28,6 +28,7 @@ from ._abi import DTYPES
 from ._launch import PreparedLaunch
 from ._registry import Registry
 from .errors import LaunchArgumentError, VariantMissError
+from .w4a16_layout import ATOM_K, BAND, WEIGHT_LAYOUTS
 
 __all__ = [
     "MoeW4A16Op",
@@ -50,24 +51,28 @@ def _dtype_name(dtype: torch.dtype, what: str) -> str:
 
 
 def w4a16_weights(w: torch.Tensor, w_layout: str) -> torch.Tensor:
-    """``w[E, n, k // 2]`` (u8 rows of packed int4) in the byte order of the moe.w4a16 param
-    ``w_layout``, same shape: ``nk`` is the rows as they are (``w``, made contiguous);
-    ``n64k128`` is a new tensor holding, per expert and 64-row band, the band's atoms of 128 k
-    in k order, each atom its 64 rows x 64 bytes in row order (``n % 64 == 0``,
-    ``k % 128 == 0``). Convert once, when the weights are loaded."""
+    """``w[E, n, k // 2]`` (u8 rows of packed int4) in the byte order ``w_layout`` names (see
+    :mod:`b12x_aot.loader.w4a16_layout`), same shape: ``nk`` returns ``w`` itself (made
+    contiguous), ``n64k128`` a new tensor. Convert once, when the weights are loaded."""
     what = f"{tuple(w.shape)} {w.dtype}"
     if w.dim() != 3 or w.dtype != torch.uint8:
         raise LaunchArgumentError("w4a16_weights", "w", "must be a [E, n, k // 2] uint8 tensor", what)
+    if w_layout not in WEIGHT_LAYOUTS:
+        raise LaunchArgumentError(
+            "w4a16_weights", "w_layout", f"must be one of {WEIGHT_LAYOUTS}", repr(w_layout)
+        )
     experts, n, half_k = w.shape
     if w_layout == "nk":
         return w.contiguous()
-    if w_layout != "n64k128":
-        raise LaunchArgumentError("w4a16_weights", "w_layout", "must be 'nk' or 'n64k128'", repr(w_layout))
-    if n % 64 or half_k % 64:
+    row_bytes = ATOM_K // 2
+    if n % BAND or half_k % row_bytes:
         raise LaunchArgumentError(
-            "w4a16_weights", "w", "needs n % 64 == 0 and k % 128 == 0 for n64k128", what
+            "w4a16_weights",
+            "w",
+            f"needs n % {BAND} == 0 and k % {ATOM_K} == 0 for n64k128; keep w_layout='nk' for this shape",
+            what,
         )
-    atoms = w.reshape(experts, n // 64, 64, half_k // 64, 64).permute(0, 1, 3, 2, 4)
+    atoms = w.reshape(experts, n // BAND, BAND, half_k // row_bytes, row_bytes).permute(0, 1, 3, 2, 4)
     return atoms.contiguous().view(experts, n, half_k)
 
 
@@ -215,12 +220,13 @@ class MoeW4A16Op(_RegistryOp):
 
     ``a[M, k]`` activations, ``w[E, n, k // 2]`` packed int4 weights and ``scales[E, n, k //
     group]`` of the experts that can be resident (``E <= e_cap``), ``route_ids[M, topk]``;
-    returns ``out[M, topk, n]``, with ``w`` in ``w_layout`` (``nk`` rows, or the ``n64k128``
-    atoms that :func:`w4a16_weights` makes: the faster). The tile follows the batch: decode
-    tiles (``block_m`` 16) for up to ``decode_tokens`` tokens (split-k ones when the launch
-    would have few tiles per SM: a few tokens route to a handful of experts, or the shape is
-    narrow), prefill tiles above ``prefill_tokens``, mid tiles between, each the first the
-    registry holds in :attr:`TILES` order. Tiles sum in different fp32 orders, so a token's
+    returns ``out[M, topk, n]``. ``w`` must be in the op's ``w_layout``: ``nk`` rows, or the
+    ``n64k128`` atoms that :func:`w4a16_weights` makes (a few percent faster). Nothing in the
+    tensors tells the two apart: weights in the other order give wrong results, not an error.
+    The tile follows the batch: decode tiles (``block_m`` 16) for up to ``decode_tokens``
+    tokens (the split-k one when the launch would have few tiles per SM: a few tokens route to
+    a handful of experts, or the shape is narrow), prefill tiles above ``prefill_tokens``, mid
+    tiles between, each the first the registry holds in :attr:`TILES` order. Tiles sum in different fp32 orders, so a token's
     output bits can differ between batch sizes that pick different tiles (every tile meets the
     same accuracy bar); for one batch size they are always the same. The route-pack scratch
     comes from the spec's ``shapes()`` and is allocated per call by torch's allocator.
@@ -228,8 +234,8 @@ class MoeW4A16Op(_RegistryOp):
 
     family = "moe.w4a16"
     # (block_m, tile_n, tile_k, stages, cta_threads, split_k), best first, per regime; the
-    # spec builds the split-k tiles only for the shapes they speed up, so the first tile the
-    # registry holds for a shape is its best
+    # spec builds the split-k tile only for the long-k shapes, where it helps, so the first
+    # tile the registry holds for a shape is its best
     _DECODE = ((16, 128, 128, 3, 128, 1), (16, 128, 128, 3, 256, 1), (16, 128, 128, 3, 512, 1))
     TILES: Mapping[str, Sequence[tuple[int, int, int, int, int, int]]] = {
         "tiny": ((16, 64, 128, 3, 256, 4), *_DECODE),
@@ -238,6 +244,8 @@ class MoeW4A16Op(_RegistryOp):
         "prefill": ((128, 128, 64, 3, 128, 1), (128, 128, 64, 3, 256, 1), (64, 128, 64, 3, 128, 1)),
     }
     PACK_THREADS, PACK_ROUTES = 512, 1024
+    # Below this many 128-wide decode tiles per SM the split-k tile wins (measured on an H200)
+    TINY_TILES_PER_SM = 3
 
     def __init__(
         self,
@@ -250,8 +258,10 @@ class MoeW4A16Op(_RegistryOp):
         prefill_tokens: int = 256,
         w_layout: str = "nk",
     ) -> None:
-        if w_layout not in ("nk", "n64k128"):
-            raise LaunchArgumentError("moe_w4a16", "w_layout", "must be 'nk' or 'n64k128'", repr(w_layout))
+        if w_layout not in WEIGHT_LAYOUTS:
+            raise LaunchArgumentError(
+                "moe_w4a16", "w_layout", f"must be one of {WEIGHT_LAYOUTS}", repr(w_layout)
+            )
         self.e_cap, self.decode_tokens, self.prefill_tokens = e_cap, decode_tokens, prefill_tokens
         self.w_layout = w_layout
         self._sms: dict[int, int] = {}
@@ -259,12 +269,13 @@ class MoeW4A16Op(_RegistryOp):
 
     def regime(self, tokens: int, *, routes: int, experts: int, n: int, device: int) -> str:
         """``tiny`` when a decode launch would have fewer 128-wide tiles (at most one per touched
-        expert) than three per SM (on an H200 the split-k tile wins below that, the 128-wide
-        one above), then ``decode``, ``mid`` or ``prefill`` by tokens."""
+        expert) than :attr:`TINY_TILES_PER_SM` per SM, then ``decode``, ``mid`` or ``prefill``
+        by tokens."""
         if tokens <= self.decode_tokens:
             if device not in self._sms:
                 self._sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
-            return "tiny" if min(routes, experts) * (n // 128) < 3 * self._sms[device] else "decode"
+            tiles = min(routes, experts) * (n // 128)
+            return "tiny" if tiles < self.TINY_TILES_PER_SM * self._sms[device] else "decode"
         return "prefill" if tokens > self.prefill_tokens else "mid"
 
     def launches_for(

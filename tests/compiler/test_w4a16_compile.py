@@ -158,6 +158,29 @@ def test_spec_smem_grid_and_scratch_agree() -> None:
         assert sizes == sorted(sizes)
 
 
+def test_the_torch_ops_tiles_are_ones_the_spec_builds() -> None:
+    # MoeW4A16Op.TILES names tiles by hand: each must be a tile of the bundled spec, and every
+    # regime must find one for each serving shape, dtype pair and weight layout at group 128
+    # (group 32 is built for the long-k prefill tiles only).
+    pytest.importorskip("torch")
+    from b12x_aot.loader.torch_ops import MoeW4A16Op
+
+    keys = ("block_m", "tile_n", "tile_k", "stages", "cta_threads", "split_k")
+    accepted, _ = expand(load_spec(W4A16), archs=["sm_90a"])
+    built: dict[tuple, set[tuple]] = {}
+    for v in accepted:
+        p = v.id.params
+        problem = (p["element"], p["output"], p["n"], p["k"], p["group"], p["w_layout"])
+        built.setdefault(problem, set()).add(tuple(p[k] for k in keys))
+    every = set().union(*built.values())
+    group128 = {problem: have for problem, have in built.items() if problem[4] == 128}
+    assert len(group128) == 3 * 4 * 2  # dtype pairs x shapes x layouts
+    for regime, tiles in MoeW4A16Op.TILES.items():
+        assert set(tiles) <= every, (regime, set(tiles) - every)
+        for problem, have in group128.items():
+            assert have.intersection(tiles), (regime, problem)
+
+
 def test_dry_run_plan_rejects_big_tiles_on_sm120a_only(tmp_path: Path) -> None:
     proc = run_compile(str(W4A16), "--registry", str(tmp_path / "plan.db"), "--dry-run", "--json")
     plan = json.loads(proc.stdout)

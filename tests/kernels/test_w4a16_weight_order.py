@@ -11,9 +11,10 @@ pytest.importorskip("torch")
 
 import torch
 
-from b12x_aot.kernels.w4a16 import W4A16, WEIGHT_LAYOUTS
+from b12x_aot.kernels.w4a16 import W4A16
 from b12x_aot.loader.errors import LaunchArgumentError
 from b12x_aot.loader.torch_ops import w4a16_weights
+from b12x_aot.loader.w4a16_layout import WEIGHT_LAYOUTS
 
 
 def reader(k: int, w_layout: str) -> W4A16:
@@ -70,9 +71,9 @@ def test_a_copy_pass_offset_is_one_constant_unless_the_kernel_refuses_the_pass(w
 
 def test_bad_weights_and_layouts_are_refused_with_what_was_given() -> None:
     rows = torch.zeros(2, 96, 64, dtype=torch.uint8)  # n = 96: not whole 64-row bands
-    with pytest.raises(LaunchArgumentError, match=r"n % 64 == 0.*\(2, 96, 64\)"):
+    with pytest.raises(LaunchArgumentError, match=r"n % 64 == 0.*keep w_layout='nk'.*\(2, 96, 64\)"):
         w4a16_weights(rows, "n64k128")
-    with pytest.raises(LaunchArgumentError, match=r"'nk' or 'n64k128'.*'kn'"):
+    with pytest.raises(LaunchArgumentError, match=r"one of \('nk', 'n64k128'\).*'kn'"):
         w4a16_weights(rows, "kn")
     with pytest.raises(LaunchArgumentError, match=r"uint8.*torch.float32"):
         w4a16_weights(rows.float(), "nk")

@@ -61,17 +61,16 @@ def test_mxfp8_op_eager_graph_and_compile(gpu_registry) -> None:
         op(torch.zeros(4, 96, device="cuda", dtype=dtype))  # K = 96 is not built
 
 
-# The moe_w4a16 op tests' problem: an FC1 shape over 32 resident experts, bf16 (enough tiles
-# at 16 tokens for the 128-wide decode tile, few enough at 1 token for the split-k one).
+# The moe_w4a16 op tests' problem: an FC1 shape over 32 resident experts, bf16.
 EXPERTS, N, K, GROUP, TOPK = 32, 2048, 7168, 128, 8
 
 
-def moe_op_and_weights(gpu_registry, namespace: str, seed: int):
+def moe_op_and_weights(gpu_registry, namespace: str, seed: int, experts: int = EXPERTS):
     """A registered moe_w4a16 op, a seeded generator, and int4 weights and scales."""
     from b12x_aot.loader.torch_ops import register_moe_w4a16
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    w, s = random_weights(EXPERTS, N, K, GROUP, torch.bfloat16, device="cuda", generator=gen)
+    w, s = random_weights(experts, N, K, GROUP, torch.bfloat16, device="cuda", generator=gen)
     return register_moe_w4a16(gpu_registry, namespace=namespace), gen, w, s
 
 
@@ -113,8 +112,16 @@ def test_moe_w4a16_op_eager_graph_and_compile(gpu_registry) -> None:
 def test_moe_w4a16_preload_covers_every_decode_batch(gpu_registry) -> None:
     # One preload at 16 tokens (the decode regime); a 1-token batch picks the split-k tile (its
     # few experts' tiles would leave the SMs idle) and still loads nothing during capture.
-    op, gen, w, s = moe_op_and_weights(gpu_registry, "b12x_test_moe_preload", 9)
-    experts, k, topk = EXPERTS, K, TOPK
+    # Enough resident experts that 16 tokens fill the SMs with 128-wide tiles on this GPU.
+    from b12x_aot.loader.torch_ops import MoeW4A16Op
+
+    k, topk = K, TOPK
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    bound = MoeW4A16Op.TINY_TILES_PER_SM * sms
+    experts = -(-bound // (N // 128))
+    if experts > 16 * topk or topk * (N // 128) >= bound:
+        pytest.skip(f"no expert count puts 16 and 1 tokens in different regimes on {sms} SMs")
+    op, gen, w, s = moe_op_and_weights(gpu_registry, "b12x_test_moe_preload", 9, experts)
     regimes = [op.regime(m, routes=m * topk, experts=experts, n=N, device=0) for m in (16, 1)]
     assert regimes == ["decode", "tiny"]
     dtype = torch.bfloat16
@@ -135,7 +142,7 @@ def test_moe_w4a16_preload_covers_every_decode_batch(gpu_registry) -> None:
 
 def test_moe_w4a16_op_on_n64k128_weights_gives_the_nk_bits(gpu_registry) -> None:
     # The op built for atom-ordered weights picks the same tiles and gives the same bits, at
-    # a tiny (split-k), a decode and a prefill batch.
+    # 1, 16 and 512 tokens (on an H200: the split-k, a decode and a prefill tile).
     from b12x_aot.loader.torch_ops import register_moe_w4a16, w4a16_weights
 
     rows_op, gen, w, s = moe_op_and_weights(gpu_registry, "b12x_test_moe_rows", 10)
