@@ -36,7 +36,8 @@ of a bucket's routes precede its slice:
 3. each warp rescans its segment and scatters route indices: each route lands at its
    segment's cursor plus its rank among the lower lanes of its bucket, so buckets keep
    ascending route order; a thread per bucket writes the CTA's share of expert entries and
-   padding rows.
+   padding rows (a grid of one CTA instead sets every row of the used blocks to -1 first,
+   with coalesced stores, and the scatter overwrites the routes' rows).
 
 Loads run ``UNROLL`` routes ahead per lane, so the passes are bound by memory latency once
 per ``UNROLL`` routes. At decode sizes one CTA does it all in a launch latency; at prefill
@@ -247,8 +248,17 @@ class RoutePack(AotKernel):
                     expert = -1
                 for i in range(nblocks):
                     out[HEADER_WORDS + first + i] = expert
-                for i in range(total, nblocks * bm):
-                    out[rows_base + row0 + i] = -1
+                if ctas > 1:
+                    for i in range(total, nblocks * bm):
+                        out[rows_base + row0 + i] = -1
+        if ctas == 1:
+            # A lone CTA sets every row of the used blocks to -1, coalesced; pass 2 overwrites
+            # the routes' rows after the barrier. At decode sizes most buckets hold one or two
+            # routes, and a thread writing its bucket's block_m - 1 padding rows one by one
+            # would cost several times the whole pack at large block_m.
+            used = first_block[nb - 1] + (count[nb - 1] + bm - 1) // bm
+            for i in range(tid, used * bm, self.cta_threads):
+                out[rows_base + i] = -1
         cute.arch.sync_threads()
 
         # Pass 2: the same segments again; each route lands at its cursor plus its rank among
