@@ -36,8 +36,8 @@ of a bucket's routes precede its slice:
 3. each warp rescans its segment and scatters route indices: each route lands at its
    segment's cursor plus its rank among the lower lanes of its bucket, so buckets keep
    ascending route order; a thread per bucket writes the CTA's share of expert entries and
-   padding rows (a grid of one CTA instead sets every row of the used blocks to -1 first,
-   with coalesced stores, and the scatter overwrites the routes' rows).
+   padding rows (a grid of one CTA writes no padding rows there: it first sets every row of
+   the used blocks to -1, with coalesced stores, and the scatter overwrites the routes' rows).
 
 Loads run ``UNROLL`` routes ahead per lane, so the passes are bound by memory latency once
 per ``UNROLL`` routes. At decode sizes one CTA does it all in a launch latency; at prefill
@@ -234,7 +234,7 @@ class RoutePack(AotKernel):
         cute.arch.sync_threads()
 
         # Per bucket: absolute cursors; and for this CTA's buckets (b % CTAs == CTA), the
-        # block -> expert entries and the padding rows (the buckets spread over the CTAs).
+        # block -> expert entries and, when there are several CTAs, the padding rows.
         for b in range(tid, nb, self.cta_threads):
             first = first_block[b]
             row0 = first * bm
@@ -255,8 +255,9 @@ class RoutePack(AotKernel):
             # A lone CTA sets every row of the used blocks to -1, coalesced; pass 2 overwrites
             # the routes' rows after the barrier. At decode sizes most buckets hold one or two
             # routes, and a thread writing its bucket's block_m - 1 padding rows one by one
-            # would cost several times the whole pack at large block_m.
-            used = first_block[nb - 1] + (count[nb - 1] + bm - 1) // bm
+            # would cost several times the whole pack at large block_m. Only a lone CTA may:
+            # nothing orders another CTA's scatter after this fill.
+            used = first_block[nb - 1] + (count[nb - 1] + bm - 1) // bm  # = scratch[0]
             for i in range(tid, used * bm, self.cta_threads):
                 out[rows_base + i] = -1
         cute.arch.sync_threads()

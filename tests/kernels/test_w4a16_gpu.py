@@ -9,7 +9,7 @@ from b12x_aot.loader.torch_ops import w4a16_weights
 from ..conftest import family_variants
 from .reference import same_bits
 from .w4a16_cases import MAX_ROWS, Case, experts_for, prepared, route_ids, route_pack_for
-from .w4a16_reference import route_pack, unpack_scratch
+from .w4a16_reference import route_pack, scratch_image, unpack_scratch
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
@@ -29,19 +29,23 @@ def test_route_pack_matches_reference_exactly(gpu_registry, device_arch: str) ->
         p = dict(entry.params)
         pack = prepared(gpu_registry, entry)
         words = pack.shapes(num_tokens=MAX_ROWS, num_experts=p["e_cap"])["scratch"]
-        scratch = torch.full(words, -5, device="cuda", dtype=torch.int32)
+        scratch = torch.empty(words, device="cuda", dtype=torch.int32)
+        shape = {"topk": p["topk"], "block_m": p["block_m"], "e_cap": p["e_cap"]}
         for m in (0, *ROWS):
             experts = experts_for(p) if m % 2 else p["e_cap"]
             ids = route_ids(max(m, 1), p["topk"], experts, gen)[:m]
             before = ids.clone()
+            scratch.fill_(-5)  # a padding row left unwritten would show, not an earlier m's -1
             pack.checked(scratch, ids, m, experts)
             torch.cuda.synchronize()
-            header, got = unpack_scratch(scratch, m, topk=p["topk"], block_m=p["block_m"], e_cap=p["e_cap"])
+            header, got = unpack_scratch(scratch, m, **shape)
             want = route_pack(ids.cpu(), experts, block_m=p["block_m"], e_cap=p["e_cap"])
             where = f"{p} m={m}"
             assert header.tolist() == [want.block_expert.numel(), want.valid, want.invalid, 0], where
             assert torch.equal(got.block_expert, want.block_expert), where
             assert torch.equal(got.rows, want.rows), where
+            image = scratch_image(want, m, words, **shape, fill=-5)
+            assert torch.equal(scratch.cpu(), image), f"{where}: words past the used blocks were written"
             assert same_bits(ids, before), where
 
 

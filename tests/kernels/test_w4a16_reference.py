@@ -12,6 +12,7 @@ from .w4a16_reference import (
     pack_int4,
     random_weights,
     route_pack,
+    scratch_image,
     unpack_int4,
     unpack_scratch,
 )
@@ -130,6 +131,8 @@ def test_unpack_scratch_reads_the_documented_layout() -> None:
     want = route_pack(ids, 8, block_m=block_m, e_cap=e_cap)
     assert header.tolist() == [3, 3, 1, 0]
     assert torch.equal(got.block_expert, want.block_expert) and torch.equal(got.rows, want.rows)
+    image = scratch_image(want, m, s.numel(), topk=topk, block_m=block_m, e_cap=e_cap, fill=-7)
+    assert torch.equal(image, s)  # the same words, written by hand above
 
 
 def test_moe_reference_matches_a_per_route_loop() -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "pack_int4",
     "random_weights",
     "route_pack",
+    "scratch_image",
     "unpack_int4",
     "unpack_scratch",
 ]
@@ -124,6 +125,20 @@ def unpack_scratch(
     base = HEADER_WORDS + bound
     rows = s[base : base + used * block_m].reshape(used, block_m).clone()
     return header, PackedRoutes(block_expert, rows, int(header[1]), int(header[2]))
+
+
+def scratch_image(
+    packed: PackedRoutes, num_tokens: int, words: int, *, topk: int, block_m: int, e_cap: int, fill: int
+) -> torch.Tensor:
+    """The whole ``words``-word scratch as a route pack of ``packed`` leaves it when every word
+    held ``fill`` before: header, block map and used blocks' rows written, the rest ``fill``."""
+    s = torch.full((words,), fill, dtype=torch.int32)
+    used = packed.block_expert.numel()
+    s[:HEADER_WORDS] = torch.tensor([used, packed.valid, packed.invalid, 0], dtype=torch.int32)
+    s[HEADER_WORDS : HEADER_WORDS + used] = packed.block_expert
+    base = HEADER_WORDS + max_blocks(num_tokens, topk, block_m, e_cap)
+    s[base : base + used * block_m] = packed.rows.reshape(-1)
+    return s
 
 
 def moe_w4a16(
