@@ -14,6 +14,7 @@ next to a torch implementation timed the same way.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 
@@ -45,10 +46,10 @@ def same_size_copy_ms(nbytes: int, sets: int) -> float:
     for _ in range(sets):
         src = torch.empty(max(nbytes // 8, 1), device="cuda", dtype=torch.float32).uniform_()
         pairs.append((src, torch.empty_like(src)))
-    it = iter(range(1 << 60))
+    turns = itertools.cycle(pairs)
 
     def copy() -> None:
-        src, dst = pairs[next(it) % sets]
+        src, dst = next(turns)
         dst.copy_(src)
 
     return device_ms(copy, reps=30)
@@ -65,10 +66,10 @@ def run(registry: Registry, params: dict, m: int, sets: int = 3) -> dict:
         ids = torch.randint(0, NUM_EXPERTS, (m, topk), device="cuda", dtype=torch.int32)
         out = torch.empty(m, hidden, device="cuda", dtype=out_t)
         inputs.append((out, routed, weights, ids))
-    it = iter(range(1 << 60))
+    turns = itertools.cycle(inputs)
 
     def step() -> None:
-        out, routed, weights, ids = inputs[next(it) % sets]
+        out, routed, weights, ids = next(turns)
         launch(out, routed, weights, ids, m, NUM_EXPERTS)
 
     out, routed, weights, ids = inputs[0]
