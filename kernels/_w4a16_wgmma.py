@@ -2,11 +2,13 @@
 
 The roles swap: dequantized weights are the register A operand (64 rows per warpgroup and m64
 chunk), the block's gathered activation rows the shared-memory B operand, which the copies
-already store K-major with the 128-byte swizzle ``wgmma`` reads. A warpgroup dequantizes step
-``s + 1`` while the tensor cores run step ``s``; a k-tile's wgmmas complete before the next
-k-tile rewrites their A registers and ring slot. Blocks of more than 64 rows amortize each
-dequantized weight over more tokens. An expert's last block is often mostly padding: its k-loop
-issues wgmmas only as wide as its real rows need (n = block_m, 64, 32 or 16).
+already store K-major with the 128-byte swizzle ``wgmma`` reads. A warpgroup of several m64
+chunks dequantizes one chunk while the tensor cores run the one before, across k-tiles too
+(see :meth:`WgmmaMainloop.kloop_wgmma`). Blocks of more than 64 rows amortize each dequantized
+weight over more tokens. An expert's last block is often mostly padding: its k-loop issues
+wgmmas only as wide as its real rows need (the narrowest of ``block_m`` and
+:data:`FITTING_WIDTHS`). The epilogue stages the output tile in the idle ring when it fits, so
+rows leave in whole 16-byte vectors.
 """
 
 from __future__ import annotations
@@ -15,10 +17,16 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
+from b12x_aot.loader import cdiv
+
 from ._ptx import wgmma_rs
 from ._w4a16_dequant import int4_pair, pair_selector, scale_pair, scaled
 
 __all__ = ["WgmmaMainloop"]
+
+# The narrower wgmma widths (multiples of 8 up to 256) a block's k-loop may take, widest first:
+# each is one more copy of the k-loop, so a few steps, finer where blocks often end.
+FITTING_WIDTHS = (192, 160, 128, 96, 64, 32, 16)
 
 
 def _wgmma_into(acc, ci: int, frag, desc: Int64, *, n: int, ab: str) -> None:
@@ -35,9 +43,7 @@ class WgmmaMainloop:
     """Mixin of :class:`~.w4a16.W4A16`: the sm_90a ``wgmma`` k-loop and its epilogue."""
 
     @cute.jit
-    def mainloop_wgmma(
-        self, m_out, sc, rows: Int32, nt: Int32, a_base: Int32, s_w128, s_s16, copies, tid: Int32
-    ):
+    def mainloop_wgmma(self, m_out, sc, rows: Int32, nt: Int32, base, s_w128, s_s16, copies, tid: Int32):
         """k-loop of ``wgmma`` m64 x block_m x k16 and the epilogue (sm_90a, 64-wide k-tiles).
 
         Warpgroup ``wg`` owns the m64 chunks ``wg, wg + WG, ...`` of the tile's weight rows; in
@@ -47,19 +53,32 @@ class WgmmaMainloop:
         swizzle the copies already apply. A chunk's accumulators receive the same wgmmas in the
         same order whatever the CTA size, so ``cta_threads`` never changes a result bit.
         """
-        bm, tn = self.bm, self.tn
-        wgs, chunks, wg, v, g = self.warpgroup_coords(tid)
+        bm = self.bm
         c = tid % 4
         sel = Uint32(pair_selector(c))
-        acc = cute.make_rmem_tensor((bm // 2, chunks), Float32)
+        acc = cute.make_rmem_tensor((bm // 2, self.warpgroup_coords(tid)[1]), Float32)
         acc.fill(0.0)
-        state = (a_base, s_w128, s_s16, copies, tid, sel)
+        state = (base.toint(), s_w128, s_s16, copies, tid, sel)
         # Padding rows sit at a block's tail (an expert's last block): the wgmmas cover the
         # narrowest width that holds every real row, so a block of a few real rows costs its
         # dequant but only an n = 16 wgmma per step.
-        self.kloop_fitting(acc, state, sc, rows, (bm, *(x for x in (64, 32, 16) if x < bm)))
+        self.kloop_fitting(acc, state, sc, rows, (bm, *(x for x in FITTING_WIDTHS if x < bm)))
+        if cutlass.const_expr(self.stages_output()):
+            self.store_staged(m_out, sc, rows, nt, acc, base, tid)
+        else:
+            self.store_wgmma(m_out, sc, rows, nt, acc, tid)
 
-        # Epilogue: accumulator 4i + 2rr + e is (weight row r0 + 8rr, block row 8i + 2c + e).
+    def stages_output(self) -> bool:
+        """Whether the epilogue's output tile (rows padded by 16 B) fits in the ring."""
+        return self.bm * (self.tn * self.output.width // 8 + 16) <= self.split * self.ring_bytes
+
+    @cute.jit
+    def store_wgmma(self, m_out, sc, rows: Int32, nt: Int32, acc, tid: Int32):
+        """Epilogue straight from the accumulators: accumulator ``4i + 2rr + e`` of chunk ``ci``
+        is (weight row ``r0 + 8rr``, block row ``8i + 2c + e``), one element store each."""
+        bm, tn = self.bm, self.tn
+        wgs, chunks, wg, v, g = self.warpgroup_coords(tid)
+        c = tid % 4
         flat = self.tensor(m_out.iterator, cute.size(m_out))
         for ci in cutlass.range_constexpr(chunks):
             col = nt * tn + (wg + ci * wgs) * 64 + v * 16 + g
@@ -69,6 +88,39 @@ class WgmmaMainloop:
                     if route >= 0:
                         for rr in cutlass.range_constexpr(2):
                             flat[route * self.n + col + 8 * rr] = acc[4 * i + 2 * rr + e, ci].to(self.output)
+
+    @cute.jit
+    def store_staged(self, m_out, sc, rows: Int32, nt: Int32, acc, base, tid: Int32):
+        """Epilogue through shared memory: the rounded accumulators into a row-major
+        ``block_m x tile_n`` tile in the idle ring, then each real row out in whole 16-byte
+        vectors, a warp covering contiguous row segments, instead of one scattered 2- or
+        4-byte store per element. Rows are 16 B longer than the tile, so the accumulator stores
+        of a warp (rows ``2c + e``, columns ``g``) hit distinct banks."""
+        bm, tn, vec = self.bm, self.tn, self.out_vec
+        wgs, chunks, wg, v, g = self.warpgroup_coords(tid)
+        c = tid % 4
+        stride = tn + vec  # elements per staged row
+        s_o = self.tensor(cute.recast_ptr(base, dtype=self.output), bm * stride)
+        s_ov = self.vectors(cute.recast_ptr(base, dtype=self.output), vec, bm * stride // vec)
+        cute.arch.sync_threads()  # every warp's wgmmas, the ring's last readers, are done
+        for ci in cutlass.range_constexpr(chunks):
+            col = (wg + ci * wgs) * 64 + v * 16 + g
+            for i in cutlass.range_constexpr(bm // 8):
+                for e in cutlass.range_constexpr(2):
+                    for rr in cutlass.range_constexpr(2):
+                        s_o[(8 * i + 2 * c + e) * stride + col + 8 * rr] = acc[4 * i + 2 * rr + e, ci].to(
+                            self.output
+                        )
+        cute.arch.sync_threads()
+        per_row = tn // vec
+        piece = cute.make_rmem_tensor((vec,), self.output)
+        for j in cutlass.range_constexpr(cdiv(bm * per_row, self.threads)):
+            r, q = (tid + j * self.threads) // per_row, (tid + j * self.threads) % per_row
+            if r < bm:
+                route = sc[rows + r]
+                if route >= 0:
+                    cute.autovec_copy(s_ov[None, r * (stride // vec) + q], piece)
+                    cute.autovec_copy(piece, m_out[None, route * (self.n // vec) + nt * per_row + q])
 
     def warpgroup_coords(self, tid: Int32):
         """Warpgroups per CTA, m64 chunks per warpgroup, and this thread's warpgroup ``wg``, warp
@@ -91,39 +143,68 @@ class WgmmaMainloop:
 
     @cute.jit
     def kloop_wgmma(self, acc, state, n: cutlass.Constexpr[int]):
-        """The k-loop: wgmmas of ``n`` block rows (the first ``n // 2`` accumulators per chunk)."""
+        """The k-loop: wgmmas of ``n`` block rows (the first ``n // 2`` accumulators per chunk).
+
+        One wgmma group per chunk and k-tile; groups stay in flight across the k-tile barrier
+        within two limits. The ring slot refilled at k-tile ``kt`` held ``kt - 2``. And a
+        chunk's A fragments, the same PTX registers in every k-tile, may be rewritten only once
+        the group that read them is done: ``chunks - 1`` groups may still run when they are.
+        A warpgroup of one chunk thus dequantizes while the other warpgroups' wgmmas run.
+        """
+        reuse = self.warpgroup_coords(state[4])[1] - 1
+        for kt in range(self.kt_count):
+            self.ktile_wgmma(acc, state, kt, n, reuse)
+        cute.nvgpu.warpgroup.wait_group(0)
+
+    @cute.jit
+    def ktile_wgmma(
+        self,
+        acc,
+        state,
+        kt: Int32,
+        n: cutlass.Constexpr[int],
+        reuse: cutlass.Constexpr[int],
+    ):
+        """One k-tile: wait (at most ``reuse`` groups left running), barrier, refill, then per
+        chunk: wait likewise, dequantize, fence and issue its four wgmmas as one group."""
         a_base, s_w128, s_s16, copies, tid, sel = state
         bm, tn, stages = self.bm, self.tn, self.stages
         wgs, chunks, wg, v, g = self.warpgroup_coords(tid)
         # Shared-memory matrix descriptor: 128-byte swizzle, 1024 bytes between 8-row groups.
         desc_hi = Int64((1 << 62) | ((1024 >> 4) << 32) | (1 << 16))
         ab = "bf16" if self.element is cutlass.BFloat16 else "f16"
-        for kt in range(self.kt_count):
-            cute.arch.cp_async_wait_group(stages - 2)
-            # The wgmmas of k-tile kt - 1 must be done: they read the A registers rewritten
-            # next and the ring slot refilled next.
-            cute.nvgpu.warpgroup.wait_group(0)
-            cute.arch.sync_threads()
-            nxt = kt + stages - 1
-            if nxt < self.kt_count:
-                self.issue(nxt, nxt % stages, *copies, tid)
-            cute.arch.cp_async_commit_group()
-            slot = kt % stages
-            for ci in cutlass.range_constexpr(chunks):
-                r0 = (wg + ci * wgs) * 64 + v * 16 + g
-                wv = cute.make_rmem_tensor((4, 2, 2), Uint32)  # word, 16-byte half, row (r0, r0 + 8)
-                for rr in cutlass.range_constexpr(2):
-                    for h in cutlass.range_constexpr(2):
-                        unit = slot * (tn * self.qw) + (r0 + 8 * rr) * 2 + (h ^ (g // 4))
-                        cute.autovec_copy(s_w128[None, unit], wv[None, h, rr])
-                sp2 = cute.make_rmem_tensor((2,), Uint32)
-                for s in cutlass.range_constexpr(4):
-                    if cutlass.const_expr(16 * s % min(self.group, 64) == 0):
-                        grp = (kt * 64 + 16 * s) // self.group
-                        for rr in cutlass.range_constexpr(2):
-                            sv = Uint32(s_s16[(r0 + 8 * rr) * self.srow + grp])
-                            sp2[rr] = scale_pair(sv)
-                    frag = tuple(
+        ahead = self.tiles_ahead()
+        cute.arch.cp_async_wait_group(ahead - 1)  # this thread's copies of k-tile kt landed
+        # Only groups of k-tile kt - 1 may still run: the slot of kt - 2, refilled next, is read
+        # by no wgmma. The barrier makes every thread's copies of kt visible and the waits count.
+        cute.nvgpu.warpgroup.wait_group(reuse)
+        cute.arch.sync_threads()
+        nxt = kt + ahead
+        if nxt < self.kt_count:
+            self.issue(nxt, nxt % stages, *copies, tid)
+        cute.arch.cp_async_commit_group()
+        slot = kt % stages
+        for ci in cutlass.range_constexpr(chunks):
+            if cutlass.const_expr(ci > 0):
+                # Frees this chunk's A registers. Without a wait here ptxas would also see A
+                # registers defined inside a pipeline stage, and serialize every wgmma.
+                cute.nvgpu.warpgroup.wait_group(reuse)
+            r0 = (wg + ci * wgs) * 64 + v * 16 + g
+            wv = cute.make_rmem_tensor((4, 2, 2), Uint32)  # word, 16-byte half, row (r0, r0 + 8)
+            for rr in cutlass.range_constexpr(2):
+                for h in cutlass.range_constexpr(2):
+                    unit = slot * (tn * self.qw) + (r0 + 8 * rr) * 2 + (h ^ (g // 4))
+                    cute.autovec_copy(s_w128[None, unit], wv[None, h, rr])
+            sp2 = cute.make_rmem_tensor((2,), Uint32)
+            frags = []
+            for s in cutlass.range_constexpr(4):
+                if cutlass.const_expr(16 * s % min(self.group, 64) == 0):
+                    grp = (kt * 64 + 16 * s) // self.group
+                    for rr in cutlass.range_constexpr(2):
+                        sv = Uint32(s_s16[(r0 + 8 * rr) * self.srow + grp])
+                        sp2[rr] = scale_pair(sv)
+                frags.append(
+                    tuple(
                         scaled(
                             int4_pair(wv[2 * (s % 2) + e, s // 2, rr], sel, self.elem_name),
                             sp2[rr],
@@ -131,8 +212,11 @@ class WgmmaMainloop:
                         )
                         for e, rr in ((0, 0), (0, 1), (1, 0), (1, 1))
                     )
-                    desc = desc_hi | Int64((a_base + slot * (bm * 128) + 32 * s) >> 4)
-                    cute.nvgpu.warpgroup.fence()
-                    _wgmma_into(acc, ci, frag, desc, n=n, ab=ab)
+                )
+            # One fence for the chunk's four A fragments: the wgmmas after it chain on the same
+            # accumulators, which needs no fence between them.
+            cute.nvgpu.warpgroup.fence()
+            for s in cutlass.range_constexpr(4):
+                desc = desc_hi | Int64((a_base + slot * (bm * 128) + 32 * s) >> 4)
+                _wgmma_into(acc, ci, frags[s], desc, n=n, ab=ab)
             cute.nvgpu.warpgroup.commit_group()
-        cute.nvgpu.warpgroup.wait_group(0)

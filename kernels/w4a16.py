@@ -398,7 +398,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             cute.copy(
                 atom_s, g_s[None, row0 * chunks + i], s_s[None, (i // chunks) * (self.srow // 8) + i % chunks]
             )
-        for s in cutlass.range_constexpr(stages - 1):
+        for s in cutlass.range_constexpr(self.tiles_ahead()):
             self.issue(k0 + s, Int32(s), atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, tid)
             cute.arch.cp_async_commit_group()
         if cutlass.const_expr(self.split > 1):
@@ -412,7 +412,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 sc,
                 rows,
                 nt,
-                base.toint(),
+                base,
                 s_w32,
                 s_s16,
                 (atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src),
@@ -436,6 +436,12 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 (atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src),
                 (tid, part, k0, smem),
             )
+
+    def tiles_ahead(self) -> int:
+        """k-tiles in flight ahead of the one computing: the ring's other slots, but one fewer
+        where the wgmma loop lets a k-tile's wgmmas run across the next k-tile's barrier (a
+        warpgroup of several chunks): the slot it refills is then two k-tiles old."""
+        return self.stages - 2 if self.uses_wgmma() and self.warpgroup_coords(0)[1] > 1 else self.stages - 1
 
     def uses_wgmma(self) -> bool:
         """sm_90a prefill tiles run warpgroup MMAs: weights as the register A operand (64 rows per

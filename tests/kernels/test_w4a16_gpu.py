@@ -44,7 +44,7 @@ def test_route_pack_matches_reference_exactly(gpu_registry, device_arch: str) ->
             assert header.tolist() == [want.block_expert.numel(), want.valid, want.invalid, 0], where
             assert torch.equal(got.block_expert, want.block_expert), where
             assert torch.equal(got.rows, want.rows), where
-            image = scratch_image(want, m, words, **shape, fill=-5)
+            image = scratch_image(want, m, scratch.numel(), **shape, fill=-5)
             assert torch.equal(scratch.cpu(), image), f"{where}: words past the used blocks were written"
             assert same_bits(ids, before), where
 
