@@ -53,6 +53,11 @@ class WgmmaMainloop:
         swizzle the copies already apply. A chunk's accumulators receive the same wgmmas in the
         same order whatever the CTA size, so ``cta_threads`` never changes a result bit.
         """
+        if cutlass.const_expr(self.bm * (self.tn * self.output.width // 8 + 16) > self.ring_bytes):
+            raise ValueError(
+                f"moe.w4a16 sm_90a wgmma tiles stage their {self.bm} x {self.tn} output tile (rows "
+                f"16 B longer) in the ring of {self.ring_bytes} B: raise stages or lower block_m"
+            )
         bm = self.bm
         c = tid % 4
         sel = Uint32(pair_selector(c))
@@ -63,39 +68,16 @@ class WgmmaMainloop:
         # narrowest width that holds every real row, so a block of a few real rows costs its
         # dequant but only an n = 16 wgmma per step.
         self.kloop_fitting(acc, state, sc, rows, (bm, *(x for x in FITTING_WIDTHS if x < bm)))
-        if cutlass.const_expr(self.stages_output()):
-            self.store_staged(m_out, sc, rows, nt, acc, base, tid)
-        else:
-            self.store_wgmma(m_out, sc, rows, nt, acc, tid)
-
-    def stages_output(self) -> bool:
-        """Whether the epilogue's output tile (rows padded by 16 B) fits in the ring."""
-        return self.bm * (self.tn * self.output.width // 8 + 16) <= self.split * self.ring_bytes
-
-    @cute.jit
-    def store_wgmma(self, m_out, sc, rows: Int32, nt: Int32, acc, tid: Int32):
-        """Epilogue straight from the accumulators: accumulator ``4i + 2rr + e`` of chunk ``ci``
-        is (weight row ``r0 + 8rr``, block row ``8i + 2c + e``), one element store each."""
-        bm, tn = self.bm, self.tn
-        wgs, chunks, wg, v, g = self.warpgroup_coords(tid)
-        c = tid % 4
-        flat = self.tensor(m_out.iterator, cute.size(m_out))
-        for ci in cutlass.range_constexpr(chunks):
-            col = nt * tn + (wg + ci * wgs) * 64 + v * 16 + g
-            for i in cutlass.range_constexpr(bm // 8):
-                for e in cutlass.range_constexpr(2):
-                    route = sc[rows + 8 * i + 2 * c + e]
-                    if route >= 0:
-                        for rr in cutlass.range_constexpr(2):
-                            flat[route * self.n + col + 8 * rr] = acc[4 * i + 2 * rr + e, ci].to(self.output)
+        self.store_staged(m_out, sc, rows, nt, acc, base, tid)
 
     @cute.jit
     def store_staged(self, m_out, sc, rows: Int32, nt: Int32, acc, base, tid: Int32):
         """Epilogue through shared memory: the rounded accumulators into a row-major
         ``block_m x tile_n`` tile in the idle ring, then each real row out in whole 16-byte
         vectors, a warp covering contiguous row segments, instead of one scattered 2- or
-        4-byte store per element. Rows are 16 B longer than the tile, so the accumulator stores
-        of a warp (rows ``2c + e``, columns ``g``) hit distinct banks."""
+        4-byte store per element. Accumulator ``4i + 2rr + e`` of chunk ``ci`` is (weight row
+        ``r0 + 8rr``, block row ``8i + 2c + e``). Rows are 16 B longer than the tile, so the
+        accumulator stores of a warp (rows ``2c + e``, columns ``g``) hit distinct banks."""
         bm, tn, vec = self.bm, self.tn, self.out_vec
         wgs, chunks, wg, v, g = self.warpgroup_coords(tid)
         c = tid % 4
@@ -145,15 +127,17 @@ class WgmmaMainloop:
     def kloop_wgmma(self, acc, state, n: cutlass.Constexpr[int]):
         """The k-loop: wgmmas of ``n`` block rows (the first ``n // 2`` accumulators per chunk).
 
-        One wgmma group per chunk and k-tile; groups stay in flight across the k-tile barrier
-        within two limits. The ring slot refilled at k-tile ``kt`` held ``kt - 2``. And a
-        chunk's A fragments, the same PTX registers in every k-tile, may be rewritten only once
-        the group that read them is done: ``chunks - 1`` groups may still run when they are.
-        A warpgroup of one chunk thus dequantizes while the other warpgroups' wgmmas run.
+        One wgmma group per chunk and k-tile. A chunk's A fragments, the same PTX registers in
+        every k-tile, may be rewritten only once the group that read them is done: before each
+        chunk, at most ``chunks - 1`` groups may still run. When :meth:`overlaps_ktiles`, that
+        holds across the k-tile barrier too, as the slot refilled there held ``kt - 2``;
+        otherwise every group is done at the barrier (the slot refilled held ``kt - 1``), and a
+        warpgroup of one chunk dequantizes while other warpgroups' wgmmas run.
         """
         reuse = self.warpgroup_coords(state[4])[1] - 1
+        top = reuse if self.overlaps_ktiles() else 0
         for kt in range(self.kt_count):
-            self.ktile_wgmma(acc, state, kt, n, reuse)
+            self.ktile_wgmma(acc, state, kt, n, top, reuse)
         cute.nvgpu.warpgroup.wait_group(0)
 
     @cute.jit
@@ -163,10 +147,12 @@ class WgmmaMainloop:
         state,
         kt: Int32,
         n: cutlass.Constexpr[int],
+        top: cutlass.Constexpr[int],
         reuse: cutlass.Constexpr[int],
     ):
-        """One k-tile: wait (at most ``reuse`` groups left running), barrier, refill, then per
-        chunk: wait likewise, dequantize, fence and issue its four wgmmas as one group."""
+        """One k-tile: wait (at most ``top`` groups left running), barrier, refill, then per
+        chunk: wait (at most ``reuse``), dequantize, fence and issue its four wgmmas as one
+        group."""
         a_base, s_w128, s_s16, copies, tid, sel = state
         bm, tn, stages = self.bm, self.tn, self.stages
         wgs, chunks, wg, v, g = self.warpgroup_coords(tid)
@@ -175,9 +161,9 @@ class WgmmaMainloop:
         ab = "bf16" if self.element is cutlass.BFloat16 else "f16"
         ahead = self.tiles_ahead()
         cute.arch.cp_async_wait_group(ahead - 1)  # this thread's copies of k-tile kt landed
-        # Only groups of k-tile kt - 1 may still run: the slot of kt - 2, refilled next, is read
-        # by no wgmma. The barrier makes every thread's copies of kt visible and the waits count.
-        cute.nvgpu.warpgroup.wait_group(reuse)
+        # Groups still running are k-tile kt - 1's: the slot refilled next is not theirs. The
+        # barrier makes every thread's copies of kt visible and every warp's wait count.
+        cute.nvgpu.warpgroup.wait_group(top)
         cute.arch.sync_threads()
         nxt = kt + ahead
         if nxt < self.kt_count:

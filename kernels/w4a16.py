@@ -439,9 +439,15 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
 
     def tiles_ahead(self) -> int:
         """k-tiles in flight ahead of the one computing: the ring's other slots, but one fewer
-        where the wgmma loop lets a k-tile's wgmmas run across the next k-tile's barrier (a
-        warpgroup of several chunks): the slot it refills is then two k-tiles old."""
-        return self.stages - 2 if self.uses_wgmma() and self.warpgroup_coords(0)[1] > 1 else self.stages - 1
+        where the wgmma loop lets a k-tile's wgmmas run across the next k-tile's barrier
+        (:meth:`overlaps_ktiles`): the slot it refills is then two k-tiles old."""
+        return self.stages - 2 if self.overlaps_ktiles() else self.stages - 1
+
+    def overlaps_ktiles(self) -> bool:
+        """Whether the wgmma loop keeps a k-tile's last chunks running across the next k-tile's
+        barrier: a warpgroup of several m64 chunks, and a ring deep enough that this still
+        leaves two k-tiles in flight."""
+        return self.uses_wgmma() and self.warpgroup_coords(0)[1] > 1 and self.stages >= 4
 
     def uses_wgmma(self) -> bool:
         """sm_90a prefill tiles run warpgroup MMAs: weights as the register A operand (64 rows per

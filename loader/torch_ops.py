@@ -240,8 +240,18 @@ class MoeW4A16Op(_RegistryOp):
     TILES: Mapping[str, Sequence[tuple[int, int, int, int, int, int]]] = {
         "tiny": ((16, 64, 128, 3, 256, 4), *_DECODE),
         "decode": _DECODE,
-        "mid": ((32, 128, 64, 3, 256, 1), (64, 128, 64, 4, 128, 1), (64, 128, 128, 3, 128, 1)),
-        "prefill": ((128, 128, 64, 4, 128, 1), (128, 128, 64, 4, 256, 1), (64, 128, 64, 4, 128, 1)),
+        "mid": (
+            (32, 128, 64, 3, 256, 1),
+            (64, 128, 64, 4, 128, 1),
+            (64, 128, 64, 3, 128, 1),
+            (64, 128, 128, 3, 128, 1),
+        ),
+        "prefill": (
+            (128, 128, 64, 4, 128, 1),
+            (128, 128, 64, 4, 256, 1),
+            (64, 128, 64, 4, 128, 1),
+            (64, 128, 64, 3, 128, 1),
+        ),
     }
     PACK_THREADS, PACK_ROUTES = 512, 1024
     # Below this many 128-wide decode tiles per SM the split-k tile wins (measured on an H200)

@@ -102,10 +102,10 @@ def test_prefill_tile_runs_wgmma_on_sm90a_only(tmp_path: Path) -> None:
                 widths[int(op.split(".")[1].split("x")[1])] += count
         assert set(widths) == {64, 32, 16} and len(set(widths.values())) == 1, sm90.opcodes
         # The wgmmas run asynchronously: a k-loop waits on its groups once per m64 chunk and k-tile
-        # (two here) and once at its end. ptxas falls back to waiting after every wgmma when it
-        # sees A registers rewritten inside a pipeline stage: as many waits as wgmmas.
+        # (two here) and once at its end, 3 waits to 8 wgmmas. ptxas falls back to waiting after
+        # every wgmma when it sees A registers rewritten inside a pipeline stage.
         waits = sum(n for op, n in sm90.opcodes.items() if op.startswith("WARPGROUP.DEPBAR"))
-        assert waits <= 3 * len(widths) < sum(widths.values()), sm90.opcodes
+        assert 2 * waits < sum(widths.values()), sm90.opcodes
 
 
 def test_param_tables_match_the_spec_args() -> None:
