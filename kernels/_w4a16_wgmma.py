@@ -3,12 +3,13 @@
 The roles swap: dequantized weights are the register A operand (64 rows per warpgroup and m64
 chunk), the block's gathered activation rows the shared-memory B operand, which the copies
 already store K-major with the 128-byte swizzle ``wgmma`` reads. A warpgroup of several m64
-chunks dequantizes one chunk while the tensor cores run the one before, across k-tiles too
-(see :meth:`WgmmaMainloop.kloop_wgmma`). Blocks of more than 64 rows amortize each dequantized
-weight over more tokens. An expert's last block is often mostly padding: its k-loop issues
-wgmmas only as wide as its real rows need (the narrowest of ``block_m`` and
-:data:`FITTING_WIDTHS`). The epilogue stages the output tile in the idle ring when it fits, so
-rows leave in whole 16-byte vectors.
+chunks dequantizes one chunk while the tensor cores run the one before, and with a ring of 4
+or more stages across k-tiles too (see :meth:`WgmmaMainloop.kloop_wgmma`). Blocks of more than
+64 rows amortize each dequantized weight over more tokens. An expert's last block is often
+mostly padding: its k-loop issues wgmmas only as wide as its real rows need (the narrowest of
+``block_m`` and :data:`FITTING_WIDTHS`). The epilogue stages the output tile in the idle ring
+(tiles whose ring cannot hold it take the ``mma.sync`` loop), so rows leave in whole 16-byte
+vectors.
 """
 
 from __future__ import annotations
@@ -53,11 +54,6 @@ class WgmmaMainloop:
         swizzle the copies already apply. A chunk's accumulators receive the same wgmmas in the
         same order whatever the CTA size, so ``cta_threads`` never changes a result bit.
         """
-        if cutlass.const_expr(self.bm * (self.tn * self.output.width // 8 + 16) > self.ring_bytes):
-            raise ValueError(
-                f"moe.w4a16 sm_90a wgmma tiles stage their {self.bm} x {self.tn} output tile (rows "
-                f"16 B longer) in the ring of {self.ring_bytes} B: raise stages or lower block_m"
-            )
         bm = self.bm
         c = tid % 4
         sel = Uint32(pair_selector(c))

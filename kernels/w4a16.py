@@ -25,8 +25,9 @@ k-paired for the cheaper dequant, see :mod:`._w4a16_mma`). The tensor-core opera
 ``group % tile_k == 0``, where the exact int4 is the operand and each k-tile's fp32 partial sum
 takes its scale in fp32. Two k-loops, chosen by arch and params:
 
-- sm_90a tiles with ``tile_k == 64``, ``stages >= 3``, ``split_k == 1`` and whole m64 chunks
-  per warpgroup: ``wgmma`` with the weights as the register operand (:mod:`._w4a16_wgmma`);
+- sm_90a tiles with ``tile_k == 64``, ``stages >= 3``, ``split_k == 1``, whole m64 chunks per
+  warpgroup and a ring that can hold the output tile (its epilogue stages it there): ``wgmma``
+  with the weights as the register operand (:mod:`._w4a16_wgmma`);
 - everything else, every arch: warp-level ``mma.sync`` (:mod:`._w4a16_mma`).
 
 Split-k (``split_k > 1``, the ``mma.sync`` loop): the CTA's threads form ``split_k`` k-parts of
@@ -451,7 +452,8 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
 
     def uses_wgmma(self) -> bool:
         """sm_90a prefill tiles run warpgroup MMAs: weights as the register A operand (64 rows per
-        warpgroup and m64 chunk), the block's activation rows as the shared-memory B operand."""
+        warpgroup and m64 chunk), the block's activation rows as the shared-memory B operand. The
+        epilogue stages the output tile, rows 16 B longer, in the ring: it has to fit."""
         return (
             self.target_arch() == "sm_90a"
             and not self.interleave
@@ -461,4 +463,5 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             and self.threads % 128 == 0
             and self.tn % 64 == 0
             and (self.tn // 64) % (self.threads // 128) == 0
+            and self.bm * (self.tn * self.output.width // 8 + 16) <= self.ring_bytes
         )

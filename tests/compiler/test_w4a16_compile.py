@@ -184,6 +184,20 @@ def test_the_torch_ops_tiles_are_ones_the_spec_builds() -> None:
         assert set(tiles) <= every, (regime, set(tiles) - every)
         for problem, have in group128.items():
             assert have.intersection(tiles), (regime, problem)
+    # Group 32 (long-k shapes) has mid and prefill tiles on every arch, sm_120a's 101,376 B of
+    # shared memory included.
+    for arch in ARCHS:
+        accepted, _ = expand(load_spec(W4A16), archs=[arch])
+        group32: dict[tuple, set[tuple]] = {}
+        for v in accepted:
+            p = v.id.params
+            if p["group"] == 32:
+                problem = (p["element"], p["output"], p["n"], p["k"], p["w_layout"])
+                group32.setdefault(problem, set()).add(tuple(p[k] for k in keys))
+        assert len(group32) == 3 * 3 * 2, arch  # dtype pairs x long-k shapes x layouts
+        for regime in ("mid", "prefill"):
+            for problem, have in group32.items():
+                assert have.intersection(MoeW4A16Op.TILES[regime]), (arch, regime, problem)
 
 
 def test_dry_run_plan_rejects_big_tiles_on_sm120a_only(tmp_path: Path) -> None:
