@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from b12x_aot.loader import Arg, ParamLayout, StaticGeometry
+from b12x_aot.registry import SassHistogram
 
 from ._arch import ARCHS
 from ._cubin import CubinInfo, KernelResources
@@ -68,12 +69,14 @@ def check_contract(
     return kernel
 
 
-def check_limits(limits: Limits, kernel: KernelResources, spill_bytes: int | None) -> str | None:
+def check_limits(limits: Limits, kernel: KernelResources, sass: SassHistogram | None) -> str | None:
     """Why the compiled kernel is over a spec bound, or None when it is within all of them.
 
-    ``spill_bytes`` comes from SASS; when SASS is unknown the stack frame stands in for it
-    (spills live in the frame, so a zero frame proves zero spills).
+    Spill bytes come from SASS; when SASS is unknown the stack frame stands in for them (spills
+    live in the frame, so a zero frame proves zero spills). ``async_wgmma`` needs SASS: ptxas
+    serializing wgmmas shows as a ``WARPGROUP.DEPBAR`` wait after every ``HGMMA``.
     """
+    spill_bytes = sass.spill_store_bytes if sass is not None else None
     over: list[str] = []
     if limits.max_registers is not None and (kernel.registers or 0) > limits.max_registers:
         over.append(f"registers {kernel.registers} > max_registers {limits.max_registers}")
@@ -84,4 +87,15 @@ def check_limits(limits: Limits, kernel: KernelResources, spill_bytes: int | Non
             over.append(f"{what} {spill} > max_spill_bytes {limits.max_spill_bytes}")
     if limits.max_stack_bytes is not None and kernel.frame_bytes > limits.max_stack_bytes:
         over.append(f"stack frame {kernel.frame_bytes} B > max_stack_bytes {limits.max_stack_bytes}")
+    if limits.async_wgmma:
+        if sass is None:
+            over.append("async_wgmma needs the SASS histogram: install the [sass] extra (nvdisasm)")
+        else:
+            wgmmas = sum(n for op, n in sass.opcodes.items() if op.startswith("HGMMA"))
+            waits = sum(n for op, n in sass.opcodes.items() if op.startswith("WARPGROUP.DEPBAR"))
+            if wgmmas and waits >= wgmmas:
+                over.append(
+                    f"{waits} wgmma waits for {wgmmas} wgmmas: ptxas serialized them (async_wgmma); "
+                    "no register that a wgmma in flight reads may be written before its wait_group"
+                )
     return "; ".join(over) or None

@@ -176,7 +176,7 @@ def compile_job(job: CompileJob) -> CompileOutcome:
         "ptxas_flags": info.ptxas_flags,
         "sass": sass,
     }
-    over = check_limits(job.limits, resources, sass.spill_store_bytes if sass else None)
+    over = check_limits(job.limits, resources, sass)
     if over is not None:
         return done("rejected", "limits", over, note, **extra)
     return done("ok", "compile", "", note, **extra)

@@ -64,6 +64,7 @@ class _LimitsModel(_Strict):
     max_registers: StrictInt | None = Field(default=None, ge=1, le=255)
     max_spill_bytes: StrictInt | None = Field(default=None, ge=0)
     max_stack_bytes: StrictInt | None = Field(default=None, ge=0)
+    async_wgmma: StrictBool = False
 
 
 class _SpecModel(_Strict):
@@ -109,6 +110,9 @@ class Limits:
     max_registers: int | None = None
     max_spill_bytes: int | None = None
     max_stack_bytes: int | None = None
+    # wgmmas must stay asynchronous: ptxas waits after every wgmma when it cannot prove that
+    # no register a wgmma in flight reads is rewritten (remark C7513), a silent slowdown
+    async_wgmma: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +149,8 @@ class Spec:
             "kernel": self.kernel,
             "args": [asdict(a) for a in self.args],
             "launch": self.geometry.to_json(),
-            "limits": asdict(self.limits),
+            # a bound added later counts only when set, so that older contracts keep their hashes
+            "limits": {k: v for k, v in asdict(self.limits).items() if k != "async_wgmma" or v},
         }
 
     def contract_hash(self) -> str:
