@@ -40,6 +40,8 @@ import argparse
 import sqlite3
 import statistics
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -87,6 +89,18 @@ def dequantized(w: torch.Tensor, s: torch.Tensor, group: int) -> torch.Tensor:
     return (q * s.float().repeat_interleave(group, dim=-1)).to(s.dtype)
 
 
+@dataclass(frozen=True)
+class Setup:
+    """One variant ready to time: its launch and output, and the inputs it reads."""
+
+    launch: Callable[[], None]
+    out: torch.Tensor
+    x: torch.Tensor
+    ids: torch.Tensor
+    scales: torch.Tensor
+    experts: int
+
+
 class Bench:
     def __init__(self, registry: Registry, args: argparse.Namespace) -> None:
         self.registry, self.args = registry, args
@@ -101,19 +115,21 @@ class Bench:
         self.reads: dict[int, float] = {}
         self.dense: dict[tuple, float] = {}
 
-    def route_pack(self, entry):
-        """The prepared moe.route_pack variant whose scratch layout matches the GEMM's params."""
+    def route_pack(self, entry, registry: Registry | None = None):
+        """The prepared moe.route_pack variant of ``registry`` (default: the bench's) whose
+        scratch layout matches the GEMM's params."""
+        registry = registry or self.registry
         p = entry.params
-        want = (p["topk"], p["block_m"], p["e_cap"])
+        want = (id(registry), p["topk"], p["block_m"], p["e_cap"])
         if want not in self.packs:
-            for e in self.registry.entries():
+            for e in registry.entries():
                 q = e.params
                 if (
                     e.family == "moe.route_pack"
                     and e.arch == entry.arch
-                    and (q["topk"], q["block_m"], q["e_cap"]) == want
+                    and (q["topk"], q["block_m"], q["e_cap"]) == want[1:]
                 ):
-                    self.packs[want] = self.registry.kernel(e.family, e.abi, **q).prepare()
+                    self.packs[want] = registry.kernel(e.family, e.abi, **q).prepare()
                     break
             else:
                 raise SystemExit(f"no moe.route_pack variant for {p}")
@@ -146,29 +162,35 @@ class Bench:
             self.reads[nbytes] = timed(buf.sum, self.args.iters, before=self.flush.sum)
         return self.reads[nbytes]
 
-    def run(self, entry, phase: str, tokens: int) -> dict:
-        """Time the GEMM for ``tokens`` tokens (after one route pack); prefill also times torch.
-        The route pack's own time is :func:`route_pack_table`'s."""
-        p, a = dict(entry.params), self.args
-        gemm = self.registry.kernel(entry.family, entry.abi, **p).prepare()
-        pack = self.route_pack(entry)
-        experts = min(a.experts, p["e_cap"])
+    def setup(self, entry, tokens: int, registry: Registry | None = None) -> Setup:
+        """The GEMM of ``entry`` (a variant of ``registry``, default the bench's) on the
+        problem's seeded inputs for ``tokens`` tokens, route pack done and one checked launch
+        run: every variant of a problem gets the same inputs."""
+        registry = registry or self.registry
+        p = entry.params
+        gemm = registry.kernel(entry.family, entry.abi, **p).prepare()
+        experts = min(self.args.experts, p["e_cap"])
         w, s = self.weights_for(p, experts)
-        iters, elem = a.iters, TORCH[p["element"]]
         gen = seeded(tokens, p["topk"], experts, p["k"])
-        x = torch.randn(tokens, p["k"], device="cuda", generator=gen).to(elem)
+        x = torch.randn(tokens, p["k"], device="cuda", generator=gen).to(TORCH[p["element"]])
         ids = routes(tokens, p["topk"], experts, gen)
         shapes = gemm.shapes(num_tokens=tokens, num_experts=experts)
         scratch = torch.empty(shapes["scratch"], device="cuda", dtype=torch.int32)
         out = torch.empty(shapes["out"], device="cuda", dtype=TORCH[p["output"]])
-        pack.checked(scratch, ids, tokens, experts)
+        self.route_pack(entry, registry).checked(scratch, ids, tokens, experts)
         gemm.checked(out, x, w, s, scratch, tokens, experts)
         torch.cuda.synchronize()
+        return Setup(lambda: gemm(out, x, w, s, scratch, tokens, experts), out, x, ids, s, experts)
+
+    def run(self, entry, phase: str, tokens: int) -> dict:
+        """Time the GEMM for ``tokens`` tokens (after one route pack); prefill also times torch.
+        The route pack's own time is :func:`route_pack_table`'s."""
+        p = dict(entry.params)
+        iters, elem = self.args.iters, TORCH[p["element"]]
+        case = self.setup(entry, tokens)
+        launch, x, ids, s, experts = case.launch, case.x, case.ids, case.scales, case.experts
         touched = int(torch.unique(ids).numel())
         result = {"tokens": tokens, "experts_touched": touched}
-
-        def launch() -> None:
-            gemm(out, x, w, s, scratch, tokens, experts)
 
         if phase == "prefill":
             problem = (p["element"], p["n"], p["k"], p["group"], p["topk"], experts, tokens)

@@ -22,7 +22,7 @@ import argparse
 import statistics
 
 import torch
-from bench_w4a16 import TORCH, Bench, label, positive, routes, seeded, timed
+from bench_w4a16 import Bench, label, positive, timed
 
 from b12x_aot.loader import Registry
 
@@ -79,34 +79,18 @@ def main(argv: list[str] | None = None) -> int:
     if any(a.params[k] != b.params[k] for k in PROBLEM):
         raise SystemExit(f"the sides solve different problems: {label(a.params)} vs {label(b.params)}")
 
-    p = a.params
-    experts, tokens = min(args.experts, p["e_cap"]), args.tokens
-    gen = seeded(tokens, p["topk"], experts, p["k"])
-    x = torch.randn(tokens, p["k"], device="cuda", generator=gen).to(TORCH[p["element"]])
-    ids = routes(tokens, p["topk"], experts, gen)
-    launches, outs, benches = [], [], []
-    for registry, entry in ((reg_a, a), (reg_b, b)):
-        bench = Bench(registry, args)
-        benches.append(bench)
-        w, s = bench.weights_for(entry.params, experts)
-        gemm = registry.kernel(entry.family, entry.abi, **entry.params).prepare()
-        shapes = gemm.shapes(num_tokens=tokens, num_experts=experts)
-        scratch = torch.empty(shapes["scratch"], device="cuda", dtype=torch.int32)
-        out = torch.empty(shapes["out"], device="cuda", dtype=TORCH[p["output"]])
-        bench.route_pack(entry).checked(scratch, ids, tokens, experts)
-        gemm.checked(out, x, w, s, scratch, tokens, experts)
-        launches.append(lambda g=gemm, o=out, w=w, s=s, sc=scratch: g(o, x, w, s, sc, tokens, experts))
-        outs.append(out)
-    torch.cuda.synchronize()
-    same = torch.equal(outs[0].view(torch.uint8), outs[1].view(torch.uint8))
+    # One bench: one weight draw for the problem (each w_layout made from it once), one flush.
+    bench = Bench(reg_a, args)
+    sides = [bench.setup(entry, args.tokens, registry) for registry, entry in ((reg_a, a), (reg_b, b))]
+    same = torch.equal(sides[0].out.view(torch.uint8), sides[1].out.view(torch.uint8))
 
     times: tuple[list[float], list[float]] = ([], [])
     for r in range(args.rounds):
         for side in (0, 1) if r % 2 == 0 else (1, 0):
-            times[side].append(timed(launches[side], args.iters, before=benches[0].flush.sum))
+            times[side].append(timed(sides[side].launch, args.iters, before=bench.flush.sum))
     ratio = statistics.median(ta / tb for ta, tb in zip(*times, strict=True))
     ms = [statistics.median(t) * 1e3 for t in times]
-    print(f"{arch}, {tokens} tokens, {args.rounds} alternating rounds of {args.iters} launches")
+    print(f"{arch}, {args.tokens} tokens, {args.rounds} alternating rounds of {args.iters} launches")
     print(f"A {label(a.params):58} {ms[0]:8.3f} ms")
     print(f"B {label(b.params):58} {ms[1]:8.3f} ms")
     print(f"A / B {ratio:.3f} (above 1: B is faster); outputs {'bit-identical' if same else 'differ'}")
@@ -114,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         emit(
             {
                 "arch": arch,
-                "tokens": tokens,
+                "tokens": args.tokens,
                 "a": {"params": dict(a.params), "ms": ms[0], "rounds_s": times[0]},
                 "b": {"params": dict(b.params), "ms": ms[1], "rounds_s": times[1]},
                 "a_over_b": ratio,

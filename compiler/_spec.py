@@ -114,6 +114,14 @@ class Limits:
     # no register a wgmma in flight reads is rewritten (remark C7513), a silent slowdown
     async_wgmma: bool = False
 
+    # Bounds added after contracts were first hashed: they enter a contract only when set, so
+    # the specs that leave them off keep their hashes (and their variants stay current).
+    _LATER = ("async_wgmma",)
+
+    def to_contract(self) -> dict[str, Any]:
+        """The bounds as :meth:`Spec.contract` hashes them."""
+        return {k: v for k, v in asdict(self).items() if v or k not in self._LATER}
+
 
 @dataclass(frozen=True, slots=True)
 class Spec:
@@ -149,8 +157,7 @@ class Spec:
             "kernel": self.kernel,
             "args": [asdict(a) for a in self.args],
             "launch": self.geometry.to_json(),
-            # a bound added later counts only when set, so that older contracts keep their hashes
-            "limits": {k: v for k, v in asdict(self.limits).items() if k != "async_wgmma" or v},
+            "limits": self.limits.to_contract(),
         }
 
     def contract_hash(self) -> str:

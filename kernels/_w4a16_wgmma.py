@@ -25,9 +25,9 @@ from ._w4a16_dequant import int4_pair, pair_selector, scale_pair, scaled
 
 __all__ = ["WgmmaMainloop"]
 
-# The narrower wgmma widths (multiples of 8 up to 256) a block's k-loop may take, widest first:
-# each is one more copy of the k-loop, so a few steps, finer where blocks often end.
-FITTING_WIDTHS = (192, 160, 128, 96, 64, 32, 16)
+# The narrower wgmma widths (multiples of 8) a block's k-loop may take, widest first: each is one
+# more copy of the k-loop, so a few steps, finer where blocks often end.
+FITTING_WIDTHS = (96, 64, 32, 16)
 
 
 def _wgmma_into(acc, ci: int, frag, desc: Int64, *, n: int, ab: str) -> None:
@@ -57,7 +57,7 @@ class WgmmaMainloop:
         bm = self.bm
         c = tid % 4
         sel = Uint32(pair_selector(c))
-        acc = cute.make_rmem_tensor((bm // 2, self.warpgroup_coords(tid)[1]), Float32)
+        acc = cute.make_rmem_tensor((bm // 2, self.wg_chunks()), Float32)
         acc.fill(0.0)
         state = (base.toint(), s_w128, s_s16, copies, tid, sel)
         # Padding rows sit at a block's tail (an expert's last block): the wgmmas cover the
@@ -100,11 +100,14 @@ class WgmmaMainloop:
                     cute.autovec_copy(s_ov[None, r * (stride // vec) + q], piece)
                     cute.autovec_copy(piece, m_out[None, route * (self.n // vec) + nt * per_row + q])
 
+    def wg_chunks(self) -> int:
+        """m64 chunks of the tile's weight rows per warpgroup."""
+        return self.tn // 64 // (self.threads // 128)
+
     def warpgroup_coords(self, tid: Int32):
         """Warpgroups per CTA, m64 chunks per warpgroup, and this thread's warpgroup ``wg``, warp
         ``v`` in it and MMA row group ``g`` (lane // 4)."""
-        wgs = self.threads // 128
-        return wgs, self.tn // 64 // wgs, tid // 128, (tid // 32) % 4, tid % 32 // 4
+        return self.threads // 128, self.wg_chunks(), tid // 128, (tid // 32) % 4, tid % 32 // 4
 
     @cute.jit
     def kloop_fitting(self, acc, state, sc, rows: Int32, widths: cutlass.Constexpr[tuple]):
@@ -130,7 +133,7 @@ class WgmmaMainloop:
         otherwise every group is done at the barrier (the slot refilled held ``kt - 1``), and a
         warpgroup of one chunk dequantizes while other warpgroups' wgmmas run.
         """
-        reuse = self.warpgroup_coords(state[4])[1] - 1
+        reuse = self.wg_chunks() - 1
         top = reuse if self.overlaps_ktiles() else 0
         for kt in range(self.kt_count):
             self.ktile_wgmma(acc, state, kt, n, top, reuse)

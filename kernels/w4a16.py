@@ -448,12 +448,12 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         """Whether the wgmma loop keeps a k-tile's last chunks running across the next k-tile's
         barrier: a warpgroup of several m64 chunks, and a ring deep enough that this still
         leaves two k-tiles in flight."""
-        return self.uses_wgmma() and self.warpgroup_coords(0)[1] > 1 and self.stages >= 4
+        return self.uses_wgmma() and self.wg_chunks() > 1 and self.stages >= 4
 
     def uses_wgmma(self) -> bool:
         """sm_90a prefill tiles run warpgroup MMAs: weights as the register A operand (64 rows per
         warpgroup and m64 chunk), the block's activation rows as the shared-memory B operand. The
-        epilogue stages the output tile, rows 16 B longer, in the ring: it has to fit."""
+        epilogue stages the output tile, rows one 16-byte vector longer, in the ring: it has to fit."""
         return (
             self.target_arch() == "sm_90a"
             and not self.interleave
@@ -463,5 +463,5 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             and self.threads % 128 == 0
             and self.tn % 64 == 0
             and (self.tn // 64) % (self.threads // 128) == 0
-            and self.bm * (self.tn * self.output.width // 8 + 16) <= self.ring_bytes
+            and self.bm * (self.tn + self.out_vec) * (self.output.width // 8) <= self.ring_bytes
         )

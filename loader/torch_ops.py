@@ -50,6 +50,11 @@ def _dtype_name(dtype: torch.dtype, what: str) -> str:
         raise LaunchArgumentError("torch op", what, "must be float32, float16 or bfloat16", dtype) from None
 
 
+def _check_w_layout(where: str, w_layout: str) -> None:
+    if w_layout not in WEIGHT_LAYOUTS:
+        raise LaunchArgumentError(where, "w_layout", f"must be one of {WEIGHT_LAYOUTS}", repr(w_layout))
+
+
 def w4a16_weights(w: torch.Tensor, w_layout: str) -> torch.Tensor:
     """``w[E, n, k // 2]`` (u8 rows of packed int4) in the byte order ``w_layout`` names (see
     :mod:`b12x_aot.loader.w4a16_layout`), same shape: ``nk`` returns ``w`` itself (made
@@ -57,10 +62,7 @@ def w4a16_weights(w: torch.Tensor, w_layout: str) -> torch.Tensor:
     what = f"{tuple(w.shape)} {w.dtype}"
     if w.dim() != 3 or w.dtype != torch.uint8:
         raise LaunchArgumentError("w4a16_weights", "w", "must be a [E, n, k // 2] uint8 tensor", what)
-    if w_layout not in WEIGHT_LAYOUTS:
-        raise LaunchArgumentError(
-            "w4a16_weights", "w_layout", f"must be one of {WEIGHT_LAYOUTS}", repr(w_layout)
-        )
+    _check_w_layout("w4a16_weights", w_layout)
     experts, n, half_k = w.shape
     if w_layout == "nk":
         return w.contiguous()
@@ -268,10 +270,7 @@ class MoeW4A16Op(_RegistryOp):
         prefill_tokens: int = 256,
         w_layout: str = "nk",
     ) -> None:
-        if w_layout not in WEIGHT_LAYOUTS:
-            raise LaunchArgumentError(
-                "moe_w4a16", "w_layout", f"must be one of {WEIGHT_LAYOUTS}", repr(w_layout)
-            )
+        _check_w_layout("moe_w4a16", w_layout)
         self.e_cap, self.decode_tokens, self.prefill_tokens = e_cap, decode_tokens, prefill_tokens
         self.w_layout = w_layout
         self._sms: dict[int, int] = {}
