@@ -26,7 +26,7 @@ bf16 matmuls.
 
 Routes, activations and weights are seeded by the problem, so every variant of a shape, in any
 registry or order, sees the same routes and so the same padding; each variant gets the weights
-in its ``w_layout`` (``w4a16_weights``), the same bits.
+in its ``w_layout`` (``w4a16_weights``), the same weights.
 
 Registers, spills and shared memory of each variant come from the registry file (sqlite3).
 Timings are medians of CUDA-event intervals (`_timing.device_ms`, which keeps the GPU busy

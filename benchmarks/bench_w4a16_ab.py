@@ -7,7 +7,7 @@
 Side A is the one variant of ``--registry`` that matches every ``--where`` and ``--a``; side B the
 one of ``--versus`` (default: the same registry) that matches every ``--where`` and ``--b``.
 Both must be of the same problem (dtypes, n, k, group, topk, e_cap); the weights come in each
-side's ``w_layout``, the same bits. Each round times A then B, or B then A (alternately), each
+side's ``w_layout``, the same weights. Each round times A then B, or B then A (alternately), each
 as the median of ``--iters`` launches with L2 flushed before every one, so a clock drift or a
 GPU warming up moves both sides alike. Reported: each side's median, the median of the rounds'
 A / B time ratios (above 1: B is faster), and whether the two outputs are bit-identical.

@@ -7,8 +7,10 @@ once to the activation dtype. Two ways to bring the nibbles there:
 
 - :func:`int4_pair`: a byte's two nibbles (k and k + 1), by a ``prmt`` of the word and the word
   shifted right by 4;
-- :func:`int4_split_pair`: nibbles ``t`` and ``t + 4`` of a word (k and k + 4), by one shift
-  (none for ``t == 0``). Cheaper, but the other MMA operand must pair its k's the same way.
+- :func:`int4_split_pair`: nibbles ``t`` and ``t + 4`` of a word, by one shift (none for
+  ``t == 0``). Cheaper: in ``nk`` rows they are k and k + 4, so the other MMA operand must pair
+  its k's the same way; in ``n64k128``'s lane order they are k and k + 1
+  (:func:`int4_lane_pair`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from cutlass import Uint32
 
 from ._ptx import asm_u32, prmt
 
-__all__ = ["int4_pair", "int4_split_pair", "pair_selector", "scale_pair", "scaled"]
+__all__ = ["int4_lane_pair", "int4_pair", "int4_split_pair", "pair_selector", "scale_pair", "scaled"]
 
 # Per activation dtype: magic high half for 128 + u (bf16) / 1024 + u (fp16) with u = q ^ 8,
 # the packed pair (1, 1) and the packed pair -(magic + 8), so (x * 1) + bias = q exactly.
@@ -46,6 +48,14 @@ def int4_pair(word: Uint32, selector, element: str) -> Uint32:
 def int4_split_pair(word: Uint32, t: int, element: str) -> Uint32:
     """Nibbles ``t`` and ``t + 4`` of ``word`` (``0 <= t < 4``), as an exact packed operand pair."""
     return _low_nibbles(word >> t * 4 if t else word, element)
+
+
+def int4_lane_pair(w0: Uint32, w1: Uint32, step: int, half: int, element: str) -> Uint32:
+    """The pair (k, k + 1) of MMA step ``step`` (0..3 of a 64-wide k-chunk) and k-half ``half``
+    from a lane's two words of an ``n64k128`` row chunk (see
+    :mod:`b12x_aot.loader.w4a16_layout`): word ``step // 2``, nibbles ``t`` and ``t + 4`` for
+    ``t = 2 (step % 2) + half``."""
+    return int4_split_pair(w0 if step < 2 else w1, 2 * (step % 2) + half, element)
 
 
 def _low_nibbles(v: Uint32, element: str) -> Uint32:

@@ -13,11 +13,15 @@ dequantized weights B. With ``split_k`` k-parts, part 0 adds the others' sums in
   of ``w0``), slots ``(2c + 8, 2c + 9)`` the same of ``w1`` (k + 8). The activation rows are
   paired alike on their way to shared memory (a ``prmt`` per word, staged in registers one
   k-tile ahead: a block holds few real rows) and stored row-interleaved, so one
-  ``ld.shared.v4`` is an A fragment. When ``group % tile_k == 0`` the exact int4 is the operand
-  and each k-tile's fp32 partial sum takes its scale in fp32.
+  ``ld.shared.v4`` is an A fragment. That is for ``nk`` weights; ``n64k128`` weights are in lane
+  order (:mod:`b12x_aot.loader.w4a16_layout`): the lane's 8 bytes hold its k's of the natural
+  MMA slots as (k, k + 1) pairs, still one shift each, and the activation words are stored
+  unpaired. When ``group % tile_k == 0`` the exact int4 is the operand and each k-tile's fp32
+  partial sum takes its scale in fp32.
 - Larger blocks, rows: natural k order; A fragments by ``ldmatrix`` from the swizzled row tile,
-  and lane ``(g, c)`` takes byte ``c`` of each word of its weight row (one broadcast 16-byte load
-  per two steps).
+  and lane ``(g, c)`` takes byte ``c`` of each word of its ``nk`` weight row (one broadcast
+  16-byte load per two steps, a ``prmt`` per pair), or its own 8 bytes of an ``n64k128`` row
+  (one load per 64 k, a shift per pair).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint32
 
 from ._ptx import ldmatrix_x4, prmt
-from ._w4a16_dequant import int4_pair, int4_split_pair, pair_selector, scale_pair, scaled
+from ._w4a16_dequant import int4_lane_pair, int4_pair, int4_split_pair, pair_selector, scale_pair, scaled
 
 __all__ = ["MmaSyncMainloop"]
 
@@ -69,7 +73,7 @@ class MmaSyncMainloop:
                     k0 + i, i % stages, acc, s_a32, s_w32, (s_s16, s_se), mma, warp, g, c
                 )
             else:
-                self.compute_rows(k0 + i, i % stages, acc, a_row0, s_w32, s_s16, mma, warp, g, sel)
+                self.compute_rows(k0 + i, i % stages, acc, a_row0, s_w32, s_s16, mma, warp, g, c, sel)
         if cutlass.const_expr(self.split > 1):
             self.add_parts(acc, part, tid, smem)
         if part == 0:
@@ -132,15 +136,24 @@ class MmaSyncMainloop:
     def pair_rows(self, slot: Int32, staged, s_a, a_src, tid: Int32):
         """Store the staged activation pieces into ring slot ``slot``, paired and interleaved.
 
-        Piece ``q`` of row ``r`` is k ``[8q, 8q + 8)``, words ``x0..x3``; its operand words are
-        ``(k + s, k + s + 4)`` for ``s < 4``, one ``prmt`` each, stored where :meth:`a_word` says.
+        Piece ``q`` of row ``r`` is k ``[8q, 8q + 8)``, words ``x0..x3``. For ``nk`` weights its
+        operand words are ``(k + s, k + s + 4)`` for ``s < 4``, one ``prmt`` each, stored where
+        :meth:`a_word` says. For ``n64k128`` they are the words themselves: word ``x_i`` is lane
+        ``i``'s k-half ``q % 2`` of step ``(q // 2) % 4`` (k ``16s + 8e + 2i``, see
+        :meth:`compute_interleaved`), so it goes where :meth:`a_word` puts that lane's piece.
         """
         for i in cutlass.range_constexpr(self.ra):
             r, q = self.a_piece(tid, i)
             if a_src[i] >= 0:
                 for s in cutlass.range_constexpr(4):
-                    word = prmt(staged[s // 2, i], staged[s // 2 + 2, i], 0x5410 if s % 2 == 0 else 0x7632)
-                    s_a[self.a_word(slot, r, q, s)] = word
+                    if cutlass.const_expr(self.atoms):
+                        lane_q = (q // 8) * 8 + 2 * s + q % 2  # the piece lane s reads at this step
+                        s_a[self.a_word(slot, r, lane_q, (q // 2) % 4)] = staged[s, i]
+                    else:
+                        word = prmt(
+                            staged[s // 2, i], staged[s // 2 + 2, i], 0x5410 if s % 2 == 0 else 0x7632
+                        )
+                        s_a[self.a_word(slot, r, q, s)] = word
 
     def a_rows_at(self, slot, atom, g, per_unit: int = 1):
         """Where rows ``g`` and ``g + 8`` of m16 atom ``atom`` start in ring slot ``slot`` of the
@@ -175,26 +188,32 @@ class MmaSyncMainloop:
         slot: Int32,
         acc,
         a_row0: Int32,
-        s_w128,
+        s_wv,
         s_s16,
         mma,
         warp: Int32,
         g: Int32,
+        c: Int32,
         sel: Uint32,
     ):
         """All MMAs of one k-tile for this warp, in ascending k: blocks of 32 or more rows.
 
         MMA step ``s`` of a 64-wide k-chunk takes k ``[16s, 16s + 16)`` in the natural order:
         A fragments come from ldmatrix, and lane ``(g, c)`` takes byte ``c`` of words ``2s`` and
-        ``2s + 1`` of its weight row's 32-byte chunk (each 16-byte half loaded once, broadcast).
+        ``2s + 1`` of its ``nk`` weight row's 32-byte chunk (each 16-byte half loaded once,
+        broadcast), or, in ``n64k128``, its own 8 bytes of the chunk (one load per chunk).
         """
         bm, tn, qa = self.bm, self.tn, self.qa
         na, ma = self.na, self.ma
         for j in cutlass.range_constexpr(self.tk // 64):
-            wv = cute.make_rmem_tensor((4, na), Uint32)
+            wv = cute.make_rmem_tensor((2 if self.atoms else 4, na), Uint32)
             sp2 = cute.make_rmem_tensor((na,), Uint32)
             for s in cutlass.range_constexpr(4):
-                if cutlass.const_expr(s % 2 == 0):  # the 16-byte half of the chunk for steps s, s + 1
+                if cutlass.const_expr(self.atoms and s == 0):  # the lane's 8 bytes of each row
+                    for at in cutlass.range_constexpr(na):
+                        row = warp * self.nw + at * 8 + g
+                        cute.autovec_copy(s_wv[None, self.w_lane_piece(slot, j, row, g, c)], wv[None, at])
+                if cutlass.const_expr(not self.atoms and s % 2 == 0):  # the 16-byte half for s, s + 1
                     for at in cutlass.range_constexpr(na):
                         unit = (
                             slot * (tn * self.qw)
@@ -202,7 +221,7 @@ class MmaSyncMainloop:
                             + (warp * self.nw + at * 8 + g) * 2
                             + ((s // 2) ^ (g // 4))
                         )
-                        cute.autovec_copy(s_w128[None, unit], wv[None, at])
+                        cute.autovec_copy(s_wv[None, unit], wv[None, at])
                 if cutlass.const_expr(16 * s % min(self.group, 64) == 0):
                     grp = (kt * self.tk + 64 * j + 16 * s) // self.group
                     for at in cutlass.range_constexpr(na):
@@ -216,9 +235,11 @@ class MmaSyncMainloop:
                 bfr = cute.make_rmem_tensor((2, na), Uint32)
                 for at in cutlass.range_constexpr(na):
                     for e in cutlass.range_constexpr(2):
-                        bfr[e, at] = scaled(
-                            int4_pair(wv[2 * (s % 2) + e, at], sel, self.elem_name), sp2[at], self.elem_name
-                        )
+                        if cutlass.const_expr(self.atoms):
+                            q = int4_lane_pair(wv[0, at], wv[1, at], s, e, self.elem_name)
+                        else:
+                            q = int4_pair(wv[2 * (s % 2) + e, at], sel, self.elem_name)
+                        bfr[e, at] = scaled(q, sp2[at], self.elem_name)
                 self.mma_step(mma, acc, afr, bfr)
 
     def mma_step(self, mma, acc, afr, bfr):
@@ -239,13 +260,14 @@ class MmaSyncMainloop:
     ):
         """All MMAs of one k-tile for this warp, in ascending k: blocks of 16 rows (decode).
 
-        Lane ``(g, c)`` takes the 16 contiguous k's ``[16c, 16c + 16)`` of each 64-wide chunk of
-        its weight rows (8 bytes, one ld.shared.v2) and, from the interleaved activation tile,
-        the same k's of its rows: MMA k-slots ``(2c, 2c + 1)`` of step ``s`` are k ``16c + s``
-        and ``16c + s + 4``, slots ``(2c + 8, 2c + 9)`` k ``16c + 8 + s`` and ``16c + 12 + s``,
-        identically for A (:meth:`pair_rows`) and B.
+        Lane ``(g, c)`` takes its 8 bytes of each 64-wide chunk of its weight rows (one
+        ld.shared.v2) and, from the interleaved activation tile, the same k's of its rows,
+        identically for A (:meth:`pair_rows`) and B. In ``nk`` rows those are the 16 contiguous
+        k's ``[16c, 16c + 16)``: MMA k-slots ``(2c, 2c + 1)`` of step ``s`` are k ``16c + s`` and
+        ``16c + s + 4``, slots ``(2c + 8, 2c + 9)`` k ``16c + 8 + s`` and ``16c + 12 + s``. In
+        ``n64k128``'s lane order they are the natural slots, k ``16s + 2c`` and ``+ 1``, ``+ 8``,
+        ``+ 9``, so step ``s`` sums other k's than in ``nk``.
         """
-        tn = self.tn
         na, ma = self.na, self.ma
         s_s16, s_se = scale_views
         target = acc
@@ -255,20 +277,22 @@ class MmaSyncMainloop:
         for j in cutlass.range_constexpr(self.tk // 64):
             wq = cute.make_rmem_tensor((2, na), Uint32)
             sp2 = cute.make_rmem_tensor((na,), Uint32)
-            grp = (kt * self.tk + 64 * j + 16 * c) // self.group
+            grp = (kt * self.tk + 64 * j + 16 * c) // self.group  # nk: the lane's k's group
             for at in cutlass.range_constexpr(na):
                 nl = warp * self.nw + at * 8 + g
-                cute.autovec_copy(
-                    s_w32[
-                        None,
-                        slot * (tn * self.qw * 2) + j * (tn * 4) + nl * 4 + ((c // 2) ^ (g // 4)) * 2 + c % 2,
-                    ],
-                    wq[None, at],
-                )
-                if cutlass.const_expr(not self.fp32_scale):
+                cute.autovec_copy(s_w32[None, self.w_lane_piece(slot, j, nl, g, c)], wq[None, at])
+                if cutlass.const_expr(not self.fp32_scale and not self.atoms):
                     v = Uint32(s_s16[nl * self.srow + grp])
                     sp2[at] = scale_pair(v)
             for step in cutlass.range_constexpr(4):
+                if cutlass.const_expr(
+                    not self.fp32_scale and self.atoms and 16 * step % min(self.group, 64) == 0
+                ):
+                    # n64k128: the step's k's group, for steps that start one
+                    for at in cutlass.range_constexpr(na):
+                        nl = warp * self.nw + at * 8 + g
+                        v = Uint32(s_s16[nl * self.srow + (kt * self.tk + 64 * j + 16 * step) // self.group])
+                        sp2[at] = scale_pair(v)
                 afr = cute.make_rmem_tensor((4, ma), Uint32)
                 for mi in cutlass.range_constexpr(ma):
                     unit = self.a_rows_at(slot, mi, g) + self.a_unit(4 * j + c, step, g)
@@ -276,7 +300,10 @@ class MmaSyncMainloop:
                 bfr = cute.make_rmem_tensor((2, na), Uint32)
                 for at in cutlass.range_constexpr(na):
                     for e in cutlass.range_constexpr(2):
-                        q = int4_split_pair(wq[e, at], step, self.elem_name)
+                        if cutlass.const_expr(self.atoms):
+                            q = int4_lane_pair(wq[0, at], wq[1, at], step, e, self.elem_name)
+                        else:
+                            q = int4_split_pair(wq[e, at], step, self.elem_name)
                         if cutlass.const_expr(self.fp32_scale):
                             bfr[e, at] = q  # exact int4; the k-tile's sum takes the scale in fp32
                         else:

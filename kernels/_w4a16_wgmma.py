@@ -21,7 +21,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 from b12x_aot.loader import cdiv
 
 from ._ptx import wgmma_rs
-from ._w4a16_dequant import int4_pair, pair_selector, scale_pair, scaled
+from ._w4a16_dequant import int4_lane_pair, int4_pair, pair_selector, scale_pair, scaled
 
 __all__ = ["WgmmaMainloop"]
 
@@ -44,14 +44,15 @@ class WgmmaMainloop:
     """Mixin of :class:`~.w4a16.W4A16`: the sm_90a ``wgmma`` k-loop and its epilogue."""
 
     @cute.jit
-    def mainloop_wgmma(self, m_out, sc, rows: Int32, nt: Int32, base, s_w128, s_s16, copies, tid: Int32):
+    def mainloop_wgmma(self, m_out, sc, rows: Int32, nt: Int32, base, s_wv, s_s16, copies, tid: Int32):
         """k-loop of ``wgmma`` m64 x block_m x k16 and the epilogue (sm_90a, 64-wide k-tiles).
 
         Warpgroup ``wg`` owns the m64 chunks ``wg, wg + WG, ...`` of the tile's weight rows; in
         each, warp ``v`` holds rows ``16v + g`` and ``16v + g + 8``. A k16 step's A fragment is
-        byte ``c`` of words ``2s`` and ``2s + 1`` of those rows' 32-byte chunk, dequantized like
-        the ``mma.sync`` path's B operand; B is the activation tile, K-major with the 128-byte
-        swizzle the copies already apply. A chunk's accumulators receive the same wgmmas in the
+        k ``16s + 2c``, ``+ 1``, ``+ 8``, ``+ 9`` of those rows (byte ``c`` of words ``2s`` and
+        ``2s + 1`` of an ``nk`` row's 32-byte chunk; the lane's own 8 bytes in ``n64k128``),
+        dequantized like the ``mma.sync`` path's B operand; B is the activation tile, K-major
+        with the 128-byte swizzle the copies already apply. A chunk's accumulators receive the same wgmmas in the
         same order whatever the CTA size, so ``cta_threads`` never changes a result bit.
         """
         bm = self.bm
@@ -59,7 +60,7 @@ class WgmmaMainloop:
         sel = Uint32(pair_selector(c))
         acc = cute.make_rmem_tensor((bm // 2, self.wg_chunks()), Float32)
         acc.fill(0.0)
-        state = (base.toint(), s_w128, s_s16, copies, tid, sel)
+        state = (base.toint(), s_wv, s_s16, copies, tid, sel)
         # Padding rows sit at a block's tail (an expert's last block): the wgmmas cover the
         # narrowest width that holds every real row, so a block of a few real rows costs its
         # dequant but only an n = 16 wgmma per step.
@@ -152,7 +153,8 @@ class WgmmaMainloop:
         """One k-tile: wait (at most ``top`` groups left running), barrier, refill, then per
         chunk: wait (at most ``reuse``), dequantize, fence and issue its four wgmmas as one
         group."""
-        a_base, s_w128, s_s16, copies, tid, sel = state
+        a_base, s_wv, s_s16, copies, tid, sel = state
+        c = tid % 4
         bm, tn, stages = self.bm, self.tn, self.stages
         wgs, chunks, wg, v, g = self.warpgroup_coords(tid)
         # Shared-memory matrix descriptor: 128-byte swizzle, 1024 bytes between 8-row groups.
@@ -175,11 +177,17 @@ class WgmmaMainloop:
                 # registers defined inside a pipeline stage, and serialize every wgmma.
                 cute.nvgpu.warpgroup.wait_group(reuse)
             r0 = (wg + ci * wgs) * 64 + v * 16 + g
-            wv = cute.make_rmem_tensor((4, 2, 2), Uint32)  # word, 16-byte half, row (r0, r0 + 8)
-            for rr in cutlass.range_constexpr(2):
-                for h in cutlass.range_constexpr(2):
-                    unit = slot * (tn * self.qw) + (r0 + 8 * rr) * 2 + (h ^ (g // 4))
-                    cute.autovec_copy(s_w128[None, unit], wv[None, h, rr])
+            if cutlass.const_expr(self.lane_pieces):
+                # n64k128: this lane's 8 bytes of each row hold its k's (lane order).
+                wv = cute.make_rmem_tensor((2, 2), Uint32)  # word, row (r0, r0 + 8)
+                for rr in cutlass.range_constexpr(2):
+                    cute.autovec_copy(s_wv[None, self.w_lane_piece(slot, 0, r0 + 8 * rr, g, c)], wv[None, rr])
+            else:
+                wv = cute.make_rmem_tensor((4, 2, 2), Uint32)  # word, 16-byte half, row (r0, r0 + 8)
+                for rr in cutlass.range_constexpr(2):
+                    for h in cutlass.range_constexpr(2):
+                        unit = slot * (tn * self.qw) + (r0 + 8 * rr) * 2 + (h ^ (g // 4))
+                        cute.autovec_copy(s_wv[None, unit], wv[None, h, rr])
             sp2 = cute.make_rmem_tensor((2,), Uint32)
             frags = []
             for s in cutlass.range_constexpr(4):
@@ -188,16 +196,14 @@ class WgmmaMainloop:
                     for rr in cutlass.range_constexpr(2):
                         sv = Uint32(s_s16[(r0 + 8 * rr) * self.srow + grp])
                         sp2[rr] = scale_pair(sv)
-                frags.append(
-                    tuple(
-                        scaled(
-                            int4_pair(wv[2 * (s % 2) + e, s // 2, rr], sel, self.elem_name),
-                            sp2[rr],
-                            self.elem_name,
-                        )
-                        for e, rr in ((0, 0), (0, 1), (1, 0), (1, 1))
-                    )
-                )
+                pairs = []
+                for e, rr in ((0, 0), (0, 1), (1, 0), (1, 1)):
+                    if cutlass.const_expr(self.lane_pieces):
+                        q = int4_lane_pair(wv[0, rr], wv[1, rr], s, e, self.elem_name)
+                    else:
+                        q = int4_pair(wv[2 * (s % 2) + e, s // 2, rr], sel, self.elem_name)
+                    pairs.append(scaled(q, sp2[rr], self.elem_name))
+                frags.append(tuple(pairs))
             # One fence for the chunk's four A fragments: the wgmmas after it chain on the same
             # accumulators, which needs no fence between them.
             cute.nvgpu.warpgroup.fence()

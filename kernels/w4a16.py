@@ -4,10 +4,11 @@
 ``e = route_ids[t, j]`` valid, where ``dequant(w)[n, k] = int4(w)[n, k] * s[n, k // group]``,
 products are accumulated in fp32 by tensor-core MMAs and the sum is rounded once (to nearest
 even) to the output dtype. Weights ``w[e_cap, n, k / 2]`` (u8) hold two signed int4 per byte,
-low nibble first, in the byte order ``w_layout`` names (``nk`` rows or ``n64k128`` atoms, see
-:mod:`b12x_aot.loader.w4a16_layout`; the same bits either way). Scales ``s[e_cap, n, k /
-group]`` are in the activation dtype. Rows of invalid routes are exact zeros and no weight is read for them. Only
-``out`` is written.
+in the byte order ``w_layout`` names (``nk`` rows, or ``n64k128`` atoms whose nibbles are in
+MMA lane order, see :mod:`b12x_aot.loader.w4a16_layout`: the same bits either way, but for
+decode tiles' last fp32 bits). Scales ``s[e_cap, n, k / group]`` are in the activation dtype.
+Rows of invalid routes are exact zeros and no weight is read for them. Only ``out`` is
+written.
 
 The GEMM walks the blocks that ``moe.route_pack`` wrote into ``scratch`` (see
 :mod:`.route_pack` for the layout); it must be launched with the same ``num_tokens``. Grid:
@@ -155,6 +156,10 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         # stores register-move-free MMA fragments. Bigger blocks copy 16 bytes straight to
         # shared memory.
         self.interleave = block_m == 16
+        # Each lane loads its own 8 bytes of a weight row per 64-wide k-chunk (w_lane_piece):
+        # decode tiles' 16 contiguous k's, or the k's n64k128's lane order gathers there. Other
+        # tiles load 16-byte halves of nk rows, broadcast to a lane quad, and pick bytes.
+        self.lane_pieces = self.interleave or self.atoms
         # Decode blocks also skip the packed multiply by the scale: a k-tile inside one group
         # accumulates exact int4 products, then takes its scale once, in fp32, per output.
         self.fp32_scale = block_m == 16 and group % tile_k == 0
@@ -315,6 +320,14 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             + chunk % per_row
         )
 
+    def w_lane_piece(self, slot, j: int, row, g, c):
+        """Where lane ``c`` (lane % 4) finds its 8 bytes of weight row ``row`` (``row % 8 == g``)
+        in 64-wide k-chunk ``j`` of ring slot ``slot``, in 8-byte units: bytes ``[8c, 8c + 8)``
+        of the row's 32, in the 16-byte half that :meth:`issue` swapped when ``row & 4``."""
+        return (
+            slot * (self.tn * self.qw * 2) + j * (self.tn * 4) + row * 4 + ((c // 2) ^ (g // 4)) * 2 + c % 2
+        )
+
     def _pass_splits_bands(self) -> bool:
         """Whether a weight copy pass (``threads / (tile_k / 32)`` rows) straddles 64-row
         bands: its offset from pass 0 would then depend on the thread's row."""
@@ -353,7 +366,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         w_base = base + stages * a_stage
         s_w = self.vectors(w_base, 16, stages * tn * qw)
         s_w32 = self.vectors(cute.recast_ptr(w_base, dtype=Uint32), 2, stages * tn * qw * 2)
-        if cutlass.const_expr(not self.interleave):
+        if cutlass.const_expr(not self.lane_pieces):
             s_w32 = self.vectors(cute.recast_ptr(w_base, dtype=Uint32), 4, stages * tn * qw)
         s_base = smem + self.split * self.ring_bytes
         s_s = self.vectors(cute.recast_ptr(s_base, dtype=elem), 8, tn * self.srow // 8)

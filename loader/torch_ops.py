@@ -28,7 +28,7 @@ from ._abi import DTYPES
 from ._launch import PreparedLaunch
 from ._registry import Registry
 from .errors import LaunchArgumentError, VariantMissError
-from .w4a16_layout import ATOM_K, BAND, WEIGHT_LAYOUTS
+from .w4a16_layout import ATOM_K, BAND, CHUNK_K, LANE_ORDER, WEIGHT_LAYOUTS
 
 __all__ = [
     "MoeW4A16Op",
@@ -74,6 +74,11 @@ def w4a16_weights(w: torch.Tensor, w_layout: str) -> torch.Tensor:
             f"needs n % {BAND} == 0 and k % {ATOM_K} == 0 for n64k128; keep w_layout='nk' for this shape",
             what,
         )
+    # Nibbles of each 64-k chunk into lane order: nibble LANE_ORDER[k] is k's.
+    nibbles = torch.stack((w & 0xF, w >> 4), dim=-1).reshape(experts, n, half_k * 2 // CHUNK_K, CHUNK_K)
+    lanes = torch.empty_like(nibbles)
+    lanes[..., list(LANE_ORDER)] = nibbles
+    w = (lanes[..., 0::2] | (lanes[..., 1::2] << 4)).reshape(experts, n, half_k)
     atoms = w.reshape(experts, n // BAND, BAND, half_k // row_bytes, row_bytes).permute(0, 1, 3, 2, 4)
     return atoms.contiguous().view(experts, n, half_k)
 
@@ -223,7 +228,7 @@ class MoeW4A16Op(_RegistryOp):
     ``a[M, k]`` activations, ``w[E, n, k // 2]`` packed int4 weights and ``scales[E, n, k //
     group]`` of the experts that can be resident (``E <= e_cap``), ``route_ids[M, topk]``;
     returns ``out[M, topk, n]``. ``w`` must be in the op's ``w_layout``: ``nk`` rows, or the
-    ``n64k128`` atoms that :func:`w4a16_weights` makes (a few percent faster). Nothing in the
+    ``n64k128`` atoms that :func:`w4a16_weights` makes (faster). Nothing in the
     tensors tells the two apart: weights in the other order give wrong results, not an error.
     The tile follows the batch: decode tiles (``block_m`` 16) for up to ``decode_tokens``
     tokens (the split-k one when the launch would have few tiles per SM: a few tokens route to

@@ -173,15 +173,17 @@ def test_variants_differing_only_in_cta_threads_are_bit_identical(gpu_registry, 
 
 
 def test_weight_layouts_give_the_same_bits(gpu_registry, device_arch: str) -> None:
-    # w_layout is a byte order, not a numeric choice: each n64k128 variant on the atoms that
-    # w4a16_weights makes gives the bits of its nk twin on the rows.
+    # w_layout is a byte order, not a numeric choice: each n64k128 variant on what
+    # w4a16_weights makes gives the bits of its nk twin on the rows. Decode tiles (block_m 16)
+    # excepted: they pair other k's per MMA step in each order (test_every_variant_matches_
+    # reference checks both).
     gen = torch.Generator(device="cuda").manual_seed(21)
     entries = family_variants(gpu_registry, "moe.w4a16", device_arch)
     by_params = {tuple(sorted(e.params.items())): e for e in entries}
     pairs = [
         (e, by_params.get(tuple(sorted({**e.params, "w_layout": "nk"}.items()))))
         for e in entries
-        if e.params.get("w_layout") == "n64k128"
+        if e.params.get("w_layout") == "n64k128" and e.params["block_m"] != 16
     ]
     pairs = [(atoms, rows) for atoms, rows in pairs if rows is not None]
     if not pairs:

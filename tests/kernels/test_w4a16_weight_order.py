@@ -1,6 +1,8 @@
 """The moe.w4a16 weight byte orders, on the CPU: the 16-byte unit the kernel's copy reads for
-(row, k-chunk) of a tile (``W4A16.w_chunk``) holds, in what ``w4a16_weights`` makes, the bytes
-of that row and chunk in the plain ``[E, n, k / 2]`` rows, for every tile of every expert."""
+(row, k-chunk) of a tile (``W4A16.w_chunk``) holds, in what ``w4a16_weights`` makes, the int4
+of that row and chunk in the plain ``[E, n, k / 2]`` rows, for every tile of every expert; and
+in n64k128's lane order, each MMA lane's 8 bytes give it its natural (k, k + 1) operand pairs
+the way the kernel's ``int4_lane_pair`` takes them."""
 
 from __future__ import annotations
 
@@ -14,7 +16,19 @@ import torch
 from b12x_aot.kernels.w4a16 import W4A16
 from b12x_aot.loader.errors import LaunchArgumentError
 from b12x_aot.loader.torch_ops import w4a16_weights
-from b12x_aot.loader.w4a16_layout import WEIGHT_LAYOUTS
+from b12x_aot.loader.w4a16_layout import CHUNK_K, LANE_ORDER, WEIGHT_LAYOUTS
+
+
+def nibbles(w: torch.Tensor) -> torch.Tensor:
+    """The int4 codes of u8 bytes, low nibble first: [..., b] -> [..., 2b]."""
+    return torch.stack((w & 0xF, w >> 4), dim=-1).flatten(-2)
+
+
+def in_lane_order(chunk: torch.Tensor) -> torch.Tensor:
+    """The nibbles of 32 plain bytes (64 k) where n64k128 puts them: nibble LANE_ORDER[k] is k's."""
+    lanes = torch.empty(CHUNK_K, dtype=torch.uint8)
+    lanes[list(LANE_ORDER)] = nibbles(chunk)
+    return lanes
 
 
 def reader(k: int, w_layout: str) -> W4A16:
@@ -44,7 +58,13 @@ def test_each_unit_the_kernel_reads_holds_its_row_and_chunk(
                 for chunk in range(k32):
                     unit = first + tile.w_chunk(row, chunk)
                     want = rows[e, nt * tile_n + row, 16 * chunk : 16 * chunk + 16]
-                    assert torch.equal(units[unit], want), (w_layout, e, nt, row, chunk)
+                    if w_layout == "n64k128":  # the unit is half of a 64-k chunk in lane order
+                        whole = rows[e, nt * tile_n + row, 32 * (chunk // 2) : 32 * (chunk // 2) + 32]
+                        want = in_lane_order(whole)[32 * (chunk % 2) : 32 * (chunk % 2) + 32]
+                        got = nibbles(units[unit])
+                    else:
+                        got = units[unit]
+                    assert torch.equal(got, want), (w_layout, e, nt, row, chunk)
                     read.add(unit)
     assert read == set(range(units.shape[0]))  # a permutation: every unit read exactly once
     if w_layout == "nk":
@@ -77,3 +97,33 @@ def test_bad_weights_and_layouts_are_refused_with_what_was_given() -> None:
         w4a16_weights(rows, "kn")
     with pytest.raises(LaunchArgumentError, match=r"uint8.*torch.float32"):
         w4a16_weights(rows.float(), "nk")
+
+
+def test_n64k128_lane_pieces_hold_each_lanes_natural_mma_pairs() -> None:
+    # Lane c reads bytes [8c, 8c + 8) of a row's 64-k chunk as two little-endian words; MMA step
+    # s, k-half e takes word s // 2 shifted right by 4 (2 (s % 2) + e) and keeps nibbles 0 and 4
+    # (int4_lane_pair): those must be k = 16s + 8e + 2c and k + 1, the slots of m16n8k16 B
+    # (and of the wgmma A fragment) in the natural order.
+    gen = torch.Generator().manual_seed(7)
+    rows = torch.randint(0, 256, (2, 64, 128), dtype=torch.uint8, generator=gen)  # k = 256
+    laid = w4a16_weights(rows, "n64k128")
+    tile = reader(256, "n64k128")
+    units = laid.reshape(-1, 16)
+    plain = nibbles(rows)
+    for e_, row, chunk in ((0, 0, 0), (1, 37, 3), (1, 63, 6)):
+        k64 = chunk // 2  # the 64-k chunk; its two 16-byte units are k32 chunks 2 k64, 2 k64 + 1
+        piece = torch.cat([units[e_ * 64 * 8 + tile.w_chunk(row, 2 * k64 + h)] for h in (0, 1)])
+        for c in range(4):
+            words = [
+                int.from_bytes(bytes(piece[8 * c + 4 * w : 8 * c + 4 * w + 4].tolist()), "little")
+                for w in (0, 1)
+            ]
+            for step in range(4):
+                for half in range(2):
+                    v = words[step // 2] >> 4 * (2 * (step % 2) + half)
+                    k = 64 * k64 + 16 * step + 8 * half + 2 * c
+                    assert (v & 0xF, v >> 16 & 0xF) == tuple(plain[e_, row, k : k + 2].tolist()), (
+                        row,
+                        c,
+                        step,
+                    )
