@@ -53,7 +53,7 @@ class MmaSyncMainloop:
         """k-loop of warp-level ``mma.sync`` and the epilogue (every arch; every tile the wgmma
         loop does not take). ``where``: this thread's index in its k-part, the part, the part's
         first k-tile, and the start of shared memory (for the parts' sums)."""
-        a_row0, s_a32, s_w32, s_s16, s_se, mma = views
+        a_row0, s_a32, s_wv, s_s16, s_se, mma = views
         tid, part, k0, smem = where
         stages = self.stages
         lane, warp = tid % 32, tid // 32
@@ -69,11 +69,9 @@ class MmaSyncMainloop:
                 self.issue(k0 + nxt, nxt % stages, *copies, tid)
             cute.arch.cp_async_commit_group()
             if cutlass.const_expr(self.interleave):
-                self.compute_interleaved(
-                    k0 + i, i % stages, acc, s_a32, s_w32, (s_s16, s_se), mma, warp, g, c
-                )
+                self.compute_interleaved(k0 + i, i % stages, acc, s_a32, s_wv, (s_s16, s_se), mma, warp, g, c)
             else:
-                self.compute_rows(k0 + i, i % stages, acc, a_row0, s_w32, s_s16, mma, warp, g, c, sel)
+                self.compute_rows(k0 + i, i % stages, acc, a_row0, s_wv, s_s16, mma, warp, g, c, sel)
         if cutlass.const_expr(self.split > 1):
             self.add_parts(acc, part, tid, smem)
         if part == 0:
@@ -134,21 +132,20 @@ class MmaSyncMainloop:
 
     @cute.jit
     def pair_rows(self, slot: Int32, staged, s_a, a_src, tid: Int32):
-        """Store the staged activation pieces into ring slot ``slot``, paired and interleaved.
+        """Store the staged activation pieces into ring slot ``slot``, interleaved, in the k
+        order of the weights (see :meth:`compute_interleaved`).
 
         Piece ``q`` of row ``r`` is k ``[8q, 8q + 8)``, words ``x0..x3``. For ``nk`` weights its
         operand words are ``(k + s, k + s + 4)`` for ``s < 4``, one ``prmt`` each, stored where
-        :meth:`a_word` says. For ``n64k128`` they are the words themselves: word ``x_i`` is lane
-        ``i``'s k-half ``q % 2`` of step ``(q // 2) % 4`` (k ``16s + 8e + 2i``, see
-        :meth:`compute_interleaved`), so it goes where :meth:`a_word` puts that lane's piece.
+        :meth:`a_word` says. For ``n64k128`` they are the words themselves, stored where
+        :meth:`a_lane_word` says.
         """
         for i in cutlass.range_constexpr(self.ra):
             r, q = self.a_piece(tid, i)
             if a_src[i] >= 0:
                 for s in cutlass.range_constexpr(4):
                     if cutlass.const_expr(self.atoms):
-                        lane_q = (q // 8) * 8 + 2 * s + q % 2  # the piece lane s reads at this step
-                        s_a[self.a_word(slot, r, lane_q, (q // 2) % 4)] = staged[s, i]
+                        s_a[self.a_lane_word(slot, r, q, s)] = staged[s, i]  # word s: lane s's
                     else:
                         word = prmt(
                             staged[s // 2, i], staged[s // 2 + 2, i], 0x5410 if s % 2 == 0 else 0x7632
@@ -180,6 +177,14 @@ class MmaSyncMainloop:
         g = r % 8
         within = (r % 16) // 8 + (q % 2) * 2
         return self.a_rows_at(slot, r // 16, g, per_unit=4) + within + self.a_unit(q // 2, s, g) * 4
+
+    def a_lane_word(self, slot, r, q, lane: int):
+        """Where :meth:`pair_rows` stores word ``lane`` of piece ``q`` of row ``r`` for
+        ``n64k128`` weights, in 32-bit words. It holds k ``8q + 2 lane`` and ``+ 1``: lane
+        ``lane``'s k-half ``q % 2`` of MMA step ``(q // 2) % 4`` in 64-wide chunk ``q // 8``
+        (k ``64j + 16s + 8e + 2c``), so it goes where :meth:`a_word` puts that lane's piece of
+        that step."""
+        return self.a_word(slot, r, (q // 8) * 8 + 2 * lane + q % 2, (q // 2) % 4)
 
     @cute.jit
     def compute_rows(
@@ -256,7 +261,7 @@ class MmaSyncMainloop:
 
     @cute.jit
     def compute_interleaved(
-        self, kt: Int32, slot: Int32, acc, s_a32, s_w32, scale_views, mma, warp: Int32, g: Int32, c: Int32
+        self, kt: Int32, slot: Int32, acc, s_a32, s_wv, scale_views, mma, warp: Int32, g: Int32, c: Int32
     ):
         """All MMAs of one k-tile for this warp, in ascending k: blocks of 16 rows (decode).
 
@@ -277,12 +282,12 @@ class MmaSyncMainloop:
         for j in cutlass.range_constexpr(self.tk // 64):
             wq = cute.make_rmem_tensor((2, na), Uint32)
             sp2 = cute.make_rmem_tensor((na,), Uint32)
-            grp = (kt * self.tk + 64 * j + 16 * c) // self.group  # nk: the lane's k's group
             for at in cutlass.range_constexpr(na):
                 nl = warp * self.nw + at * 8 + g
-                cute.autovec_copy(s_w32[None, self.w_lane_piece(slot, j, nl, g, c)], wq[None, at])
+                cute.autovec_copy(s_wv[None, self.w_lane_piece(slot, j, nl, g, c)], wq[None, at])
                 if cutlass.const_expr(not self.fp32_scale and not self.atoms):
-                    v = Uint32(s_s16[nl * self.srow + grp])
+                    # nk: the group of the lane's 16 contiguous k's
+                    v = Uint32(s_s16[nl * self.srow + (kt * self.tk + 64 * j + 16 * c) // self.group])
                     sp2[at] = scale_pair(v)
             for step in cutlass.range_constexpr(4):
                 if cutlass.const_expr(

@@ -52,8 +52,9 @@ class WgmmaMainloop:
         k ``16s + 2c``, ``+ 1``, ``+ 8``, ``+ 9`` of those rows (byte ``c`` of words ``2s`` and
         ``2s + 1`` of an ``nk`` row's 32-byte chunk; the lane's own 8 bytes in ``n64k128``),
         dequantized like the ``mma.sync`` path's B operand; B is the activation tile, K-major
-        with the 128-byte swizzle the copies already apply. A chunk's accumulators receive the same wgmmas in the
-        same order whatever the CTA size, so ``cta_threads`` never changes a result bit.
+        with the 128-byte swizzle the copies already apply. A chunk's accumulators receive the
+        same wgmmas in the same order whatever the CTA size, so ``cta_threads`` never changes a
+        result bit.
         """
         bm = self.bm
         c = tid % 4
@@ -177,7 +178,7 @@ class WgmmaMainloop:
                 # registers defined inside a pipeline stage, and serialize every wgmma.
                 cute.nvgpu.warpgroup.wait_group(reuse)
             r0 = (wg + ci * wgs) * 64 + v * 16 + g
-            if cutlass.const_expr(self.lane_pieces):
+            if cutlass.const_expr(self.atoms):
                 # n64k128: this lane's 8 bytes of each row hold its k's (lane order).
                 wv = cute.make_rmem_tensor((2, 2), Uint32)  # word, row (r0, r0 + 8)
                 for rr in cutlass.range_constexpr(2):
@@ -198,7 +199,7 @@ class WgmmaMainloop:
                         sp2[rr] = scale_pair(sv)
                 pairs = []
                 for e, rr in ((0, 0), (0, 1), (1, 0), (1, 1)):
-                    if cutlass.const_expr(self.lane_pieces):
+                    if cutlass.const_expr(self.atoms):
                         q = int4_lane_pair(wv[0, rr], wv[1, rr], s, e, self.elem_name)
                     else:
                         q = int4_pair(wv[2 * (s % 2) + e, s // 2, rr], sel, self.elem_name)

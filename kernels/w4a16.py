@@ -21,7 +21,7 @@ Per CTA: the block's ``tile_n x k / group`` scale slab is copied to shared memor
 ``block_m x tile_k`` activation rows (gathered by route, padding rows skipped) and the
 ``tile_n x tile_k / 2`` packed weights stream through a ``stages``-deep ``cp.async`` ring
 (decode tiles load their few activation rows into registers one k-tile ahead and store them
-k-paired for the cheaper dequant, see :mod:`._w4a16_mma`). The tensor-core operand is
+in the k order of the cheaper dequant, see :mod:`._w4a16_mma`). The tensor-core operand is
 ``round_to_activation_dtype(int4 * s)`` (:mod:`._w4a16_dequant`), except on decode tiles with
 ``group % tile_k == 0``, where the exact int4 is the operand and each k-tile's fp32 partial sum
 takes its scale in fp32. Two k-loops, chosen by arch and params:
@@ -139,7 +139,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         self.element, self.output = dsl_dtype(element), dsl_dtype(output)
         self.topk, self.n, self.k, self.group = topk, n, k, group
         self.bm, self.tn, self.tk, self.stages, self.e_cap = block_m, tile_n, tile_k, stages, e_cap
-        self.atoms = w_layout == "n64k128"
+        self.atoms = w_layout == "n64k128"  # 64-row atoms, nibbles in MMA lane order
         # split_k k-parts of equal threads each walk k / split_k of the tile (own ring, own
         # named barrier); part 0 then adds the others' fp32 sums in part order and stores.
         self.split, self.cta_threads = split_k, cta_threads
@@ -152,9 +152,9 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         self.ring_bytes = ring_bytes(block_m=block_m, tile_n=tile_n, tile_k=tile_k, stages=stages)
         self.ra = cdiv(block_m, max(self.threads // self.qa, 1))  # activation rows per thread
         # Decode blocks mostly hold one or two real rows: their few activation pieces can afford
-        # a pass through registers, which pairs k's the way the cheapest weight dequant does and
-        # stores register-move-free MMA fragments. Bigger blocks copy 16 bytes straight to
-        # shared memory.
+        # a pass through registers, which orders k's the way the weight dequant takes them (nk:
+        # k, k + 4 pairs) and stores register-move-free MMA fragments. Bigger blocks copy 16
+        # bytes straight to shared memory.
         self.interleave = block_m == 16
         # Each lane loads its own 8 bytes of a weight row per 64-wide k-chunk (w_lane_piece):
         # decode tiles' 16 contiguous k's, or the k's n64k128's lane order gathers there. Other
@@ -184,7 +184,12 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 "n64k128: tile_n % 64 == 0, k % 128 == 0, and (cta_threads / split_k) / "
                 "(tile_k / 32) divides 64 or is a multiple of it (the rows one weight copy pass takes)",
             ),
-            (group % 16 or (k // group) % 8, "group % 16 == 0 and (k // group) % 8 == 0"),
+            # A 64-wide k-chunk's MMA steps take their scale where a group starts: at step
+            # starts (group 16, 32) or chunk starts (multiples of 64), never inside a step.
+            (
+                (group % 64 and 64 % group) or group % 16 or (k // group) % 8,
+                "group in (16, 32) or group % 64 == 0, and (k // group) % 8 == 0",
+            ),
             (self.threads % self.qa, "part threads % (tile_k // 8) == 0"),
             (self.threads // max(self.qw, 1) % 8, "part threads // (tile_k // 32) % 8 == 0"),  # see issue()
             (self.kt_count < stages or stages < 2, "2 <= stages <= k // tile_k // split_k"),
@@ -353,8 +358,9 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             part, tid = tid // self.threads, tid % self.threads
             base = smem + cute.assume(part * self.ring_bytes, divby=1024)  # keeps the alignment
         k0 = part * self.kt_count  # the part's first k-tile
-        # Activations. Interleaved (block_m 16): one MMA A fragment per 16-byte unit, k-paired
-        # (see pair_rows), stored from registers and read by one ld.shared.v4 per MMA step.
+        # Activations. Interleaved (block_m 16): one MMA A fragment per 16-byte unit, in the
+        # weights' k order (see pair_rows), stored from registers and read by one ld.shared.v4
+        # per MMA step.
         # Otherwise plain rows of 16-byte chunks (chunk q at q ^ (row % 8)), filled by
         # 16-byte cp.async and read by ldmatrix (conflict-free thanks to the swizzle).
         # Weights: per 64-wide k-chunk, 32 bytes per row n, its 16-byte halves swapped when
@@ -365,9 +371,9 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             s_a = self.tensor(cute.recast_ptr(base, dtype=Uint32), stages * bm * tk // 2)
         w_base = base + stages * a_stage
         s_w = self.vectors(w_base, 16, stages * tn * qw)
-        s_w32 = self.vectors(cute.recast_ptr(w_base, dtype=Uint32), 2, stages * tn * qw * 2)
+        s_wv = self.vectors(cute.recast_ptr(w_base, dtype=Uint32), 2, stages * tn * qw * 2)
         if cutlass.const_expr(not self.lane_pieces):
-            s_w32 = self.vectors(cute.recast_ptr(w_base, dtype=Uint32), 4, stages * tn * qw)
+            s_wv = self.vectors(cute.recast_ptr(w_base, dtype=Uint32), 4, stages * tn * qw)
         s_base = smem + self.split * self.ring_bytes
         s_s = self.vectors(cute.recast_ptr(s_base, dtype=elem), 8, tn * self.srow // 8)
         s_s16 = self.tensor(cute.recast_ptr(s_base, dtype=Uint16), tn * self.srow)
@@ -427,7 +433,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 rows,
                 nt,
                 base,
-                s_w32,
+                s_wv,
                 s_s16,
                 (atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src),
                 tid,
@@ -446,7 +452,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 sc,
                 rows,
                 nt,
-                (a_row0, s_a32, s_w32, s_s16, s_se, mma),
+                (a_row0, s_a32, s_wv, s_s16, s_se, mma),
                 (atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src),
                 (tid, part, k0, smem),
             )

@@ -67,9 +67,10 @@ def test_subset_sass_has_tensor_cores_cp_async_and_no_spills(small_w4a16_registr
         if row.family == "moe.w4a16":
             assert row.classes["mma"] > 0 and any(op.startswith("HMMA") for op in row.opcodes)
             assert any(op.startswith("LDGSTS") for op in row.opcodes)  # cp.async pipeline
-            # Decode tiles take k + 4 weight pairs, one shift each, no PRMT; pairing k with k + 1
-            # takes a PRMT per operand register, as many as the HFMA2s. At 128 threads (64 HFMA2)
-            # the activation pairing's few PRMTs keep the count far below.
+            # Decode tiles take nibble pairs t, t + 4 (nk: k and k + 4; n64k128's lane order: k
+            # and k + 1), one shift each, no PRMT; pairing k with k + 1 in nk rows would take a
+            # PRMT per operand register, as many as the HFMA2s. At 128 threads (64 HFMA2) the
+            # activation pairing's few PRMTs keep the count far below.
             if row.params["cta_threads"] == 128:
                 prmt, hfma2 = (
                     sum(n for op, n in row.opcodes.items() if op.startswith(p)) for p in ("PRMT", "HFMA2")

@@ -33,6 +33,17 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))
 
 
+def one_rounding_apart(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether outputs of two fp32 sums of the same products in different orders agree: at most
+    one step of their dtype apart (``eps * |b|``), plus 1e-3 of ``b``'s largest magnitude where
+    the sums cancel. A wrong operand order misses this by orders of magnitude."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    x, y = a.double(), b.double()
+    bound = torch.finfo(b.dtype).eps * y.abs() + 1e-3 * y.abs().max()
+    return bool(((x - y).abs() <= bound).all())
+
+
 TORCH_DTYPES = {
     "fp32": torch.float32,
     "fp16": torch.float16,

@@ -7,7 +7,7 @@ import pytest
 from b12x_aot.loader.torch_ops import w4a16_weights
 
 from ..conftest import family_variants
-from .reference import same_bits
+from .reference import one_rounding_apart, same_bits
 from .w4a16_cases import MAX_ROWS, Case, experts_for, prepared, route_ids, route_pack_for
 from .w4a16_reference import route_pack, scratch_image, unpack_scratch
 
@@ -172,18 +172,17 @@ def test_variants_differing_only_in_cta_threads_are_bit_identical(gpu_registry, 
                 assert same_bits(one.out, two.out), f"{t0} vs {t} threads differ: {p} m={m}"
 
 
-def test_weight_layouts_give_the_same_bits(gpu_registry, device_arch: str) -> None:
+def test_weight_layouts_give_the_same_results(gpu_registry, device_arch: str) -> None:
     # w_layout is a byte order, not a numeric choice: each n64k128 variant on what
     # w4a16_weights makes gives the bits of its nk twin on the rows. Decode tiles (block_m 16)
-    # excepted: they pair other k's per MMA step in each order (test_every_variant_matches_
-    # reference checks both).
+    # sum other k's per MMA step in each order: their outputs are one rounding apart at most.
     gen = torch.Generator(device="cuda").manual_seed(21)
     entries = family_variants(gpu_registry, "moe.w4a16", device_arch)
     by_params = {tuple(sorted(e.params.items())): e for e in entries}
     pairs = [
         (e, by_params.get(tuple(sorted({**e.params, "w_layout": "nk"}.items()))))
         for e in entries
-        if e.params.get("w_layout") == "n64k128" and e.params["block_m"] != 16
+        if e.params.get("w_layout") == "n64k128"
     ]
     pairs = [(atoms, rows) for atoms, rows in pairs if rows is not None]
     if not pairs:
@@ -198,4 +197,7 @@ def test_weight_layouts_give_the_same_bits(gpu_registry, device_arch: str) -> No
             two.w = w4a16_weights(one.rows, "n64k128")
             two.launch(pack, prepared(gpu_registry, atoms))
             torch.cuda.synchronize()
-            assert same_bits(one.out, two.out), f"n64k128 differs from nk: {p} m={m}"
+            if p["block_m"] != 16:
+                assert same_bits(one.out, two.out), f"n64k128 differs from nk: {p} m={m}"
+            else:
+                assert one_rounding_apart(two.out, one.out), f"n64k128 decode strays from nk: {p} m={m}"

@@ -1,6 +1,7 @@
 """The decode tiles' interleaved activation layout, on the CPU: where the writer (``pair_rows``)
-stores each word is where the reader (``compute_interleaved``) expects it, no two words collide,
-and the ``ld.shared.v4`` that reads each A fragment is free of bank conflicts."""
+stores each word is where the reader (``compute_interleaved``) expects it, for the k order of
+either weight layout, no two words collide, and the ``ld.shared.v4`` that reads each A fragment
+is free of bank conflicts."""
 
 from __future__ import annotations
 
@@ -58,3 +59,33 @@ def test_each_eight_lanes_of_a_fragment_load_hit_every_bank_once(tile_k: int) ->
                         for lane in range(first, first + 8)
                     }
                     assert len(groups) == 8, (tile_k, slot, j, step, first, sorted(groups))
+
+
+@pytest.mark.parametrize("tile_k", [64, 128, 256])
+def test_n64k128_words_land_where_each_lane_reads_its_natural_k(tile_k: int) -> None:
+    # Writer (n64k128): word w of piece q of row r holds k 8q + 2w, + 1, unpaired.
+    tile = layout(tile_k)
+    stored = {}
+    for slot in range(STAGES):
+        for r in range(BLOCK_M):
+            for q in range(tile_k // 8):
+                for w in range(4):
+                    word = tile.a_lane_word(slot, r, q, w)
+                    assert word not in stored, (slot, r, q, w)
+                    stored[word] = (slot, r, 8 * q + 2 * w)
+    assert sorted(stored) == list(range(STAGES * BLOCK_M * tile_k // 2))
+    # Reader: lane (g, c) at step s of 64-wide chunk j loads unit (4j + c, s) of rows g, g + 8:
+    # words [g:e0, g+8:e0, g:e1, g+8:e1], which must hold the natural MMA slots k 64j + 16s +
+    # 8e + 2c (the k's n64k128's lane order gives lane c's weight pairs).
+    for slot in range(STAGES):
+        for g in range(8):
+            for j in range(tile_k // 64):
+                for c in range(4):
+                    for step in range(4):
+                        unit = tile.a_rows_at(slot, 0, g) + tile.a_unit(4 * j + c, step, g)
+                        got = [stored[4 * unit + e] for e in range(4)]
+                        want = [
+                            (slot, g + 8 * (e % 2), 64 * j + 16 * step + 8 * (e // 2) + 2 * c)
+                            for e in range(4)
+                        ]
+                        assert got == want, (tile_k, slot, g, j, c, step)

@@ -216,3 +216,32 @@ def test_a_builder_killed_mid_build_leaves_nothing_half_written(
     assert orphans == 0
     run_compile(str(spec_file), "--registry", registry_url, "-j", "2")
     assert current(registry_url) == unsharded
+
+
+def test_opening_a_sqlite_file_waits_out_a_lock_it_cannot_queue_on(tmp_path: Path, monkeypatch) -> None:
+    # Builders that create one file at once can get "database is locked" from SQLite without
+    # its busy timeout applying; open() retries those, and still fails on anything else.
+    from sqlalchemy.exc import OperationalError
+
+    from b12x_aot.registry import RegistryNotFound
+    from b12x_aot.registry._store import RegistryStore as Store
+
+    real, calls = Store._initialise, []
+
+    def locked_twice(self, create, blob_dir):
+        calls.append(1)
+        if len(calls) <= 2:
+            raise OperationalError("BEGIN IMMEDIATE", {}, Exception("database is locked"))
+        return real(self, create, blob_dir)
+
+    monkeypatch.setattr(Store, "_initialise", locked_twice)
+    store = Store.open(tmp_path / "r.db", create=True)
+    assert len(calls) == 3 and store.dialect == "sqlite"
+    store.close()
+
+    def broken(self, create, blob_dir):
+        raise OperationalError("SELECT", {}, Exception("disk I/O error"))
+
+    monkeypatch.setattr(Store, "_initialise", broken)
+    with pytest.raises(RegistryNotFound, match="disk I/O error"):
+        Store.open(tmp_path / "r.db")
