@@ -20,19 +20,27 @@ def layout(tile_k: int) -> MmaSyncMainloop:
     return tile
 
 
-@pytest.mark.parametrize("tile_k", [64, 128, 256])
-def test_every_word_the_writer_stores_is_the_one_the_reader_expects(tile_k: int) -> None:
-    tile = layout(tile_k)
-    # Writer: step s of 16-byte piece q (k [8q, 8q + 8)) of row r; as (row, k-half, k16, step).
+def written(tile: MmaSyncMainloop, where, what) -> dict:
+    """Ring word -> what the writer put there, for word ``w`` of piece ``q`` (k ``[8q, 8q +
+    8)``) of row ``r`` in slot ``slot`` stored at ``where(slot, r, q, w)``, described by
+    ``what(slot, r, q, w)``; every word of the ring exactly once."""
     stored = {}
     for slot in range(STAGES):
         for r in range(BLOCK_M):
-            for q in range(tile_k // 8):
-                for s in range(4):
-                    word = tile.a_word(slot, r, q, s)
-                    assert word not in stored, (slot, r, q, s)
-                    stored[word] = (slot, r, q % 2, q // 2, s)
-    assert sorted(stored) == list(range(STAGES * BLOCK_M * tile_k // 2))  # the whole ring, once
+            for q in range(tile.tk // 8):
+                for w in range(4):
+                    word = where(slot, r, q, w)
+                    assert word not in stored, (slot, r, q, w)
+                    stored[word] = what(slot, r, q, w)
+    assert sorted(stored) == list(range(STAGES * BLOCK_M * tile.tk // 2))  # the whole ring, once
+    return stored
+
+
+@pytest.mark.parametrize("tile_k", [64, 128, 256])
+def test_every_word_the_writer_stores_is_the_one_the_reader_expects(tile_k: int) -> None:
+    tile = layout(tile_k)
+    # Writer (nk): step s of piece q of row r; as (row, k-half, k16, step).
+    stored = written(tile, tile.a_word, lambda slot, r, q, s: (slot, r, q % 2, q // 2, s))
     # Reader: lane (g, c) loads unit (k16 = 4j + c, step) of rows g, g + 8 as its A fragment:
     # words [g:0, g+8:0, g:1, g+8:1] (row, k-half).
     for slot in range(STAGES):
@@ -65,15 +73,7 @@ def test_each_eight_lanes_of_a_fragment_load_hit_every_bank_once(tile_k: int) ->
 def test_n64k128_words_land_where_each_lane_reads_its_natural_k(tile_k: int) -> None:
     # Writer (n64k128): word w of piece q of row r holds k 8q + 2w, + 1, unpaired.
     tile = layout(tile_k)
-    stored = {}
-    for slot in range(STAGES):
-        for r in range(BLOCK_M):
-            for q in range(tile_k // 8):
-                for w in range(4):
-                    word = tile.a_lane_word(slot, r, q, w)
-                    assert word not in stored, (slot, r, q, w)
-                    stored[word] = (slot, r, 8 * q + 2 * w)
-    assert sorted(stored) == list(range(STAGES * BLOCK_M * tile_k // 2))
+    stored = written(tile, tile.a_lane_word, lambda slot, r, q, w: (slot, r, 8 * q + 2 * w))
     # Reader: lane (g, c) at step s of 64-wide chunk j loads unit (4j + c, s) of rows g, g + 8:
     # words [g:e0, g+8:e0, g:e1, g+8:e1], which must hold the natural MMA slots k 64j + 16s +
     # 8e + 2c (the k's n64k128's lane order gives lane c's weight pairs).
