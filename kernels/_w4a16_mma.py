@@ -16,8 +16,12 @@ dequantized weights B. With ``split_k`` k-parts, part 0 adds the others' sums in
   ``ld.shared.v4`` is an A fragment. That is for ``nk`` weights; ``n64k128`` weights are in lane
   order (:mod:`b12x_aot.loader.w4a16_layout`): the lane's 8 bytes hold its k's of the natural
   MMA slots as (k, k + 1) pairs, still one shift each, and the activation words are stored
-  unpaired. When ``group % tile_k == 0`` the exact int4 is the operand and each k-tile's fp32
-  partial sum takes its scale in fp32.
+  unpaired. There, where a warp holds whole m16 atoms of weight rows (``tile_n / warps`` a
+  multiple of 16), the roles swap (:meth:`MmaSyncMainloop.compute_swapped`): dequantized
+  weights are A, the block's tokens B, and a block of at most 8 real rows (most decode blocks)
+  takes one n8 token atom, half the MMAs; each output element still sums the same products in
+  the same MMA k-slots (the same bits on an H200, which the GPU tests check). When ``group % tile_k == 0`` the exact int4 is
+  the operand and each k-tile's fp32 partial sum takes its scale in fp32.
 - Larger blocks, rows: natural k order; A fragments by ``ldmatrix`` from the swizzled row tile,
   and lane ``(g, c)`` takes byte ``c`` of each word of its ``nk`` weight row (one broadcast
   16-byte load per two steps, a ``prmt`` per pair), or its own 8 bytes of an ``n64k128`` row
@@ -55,12 +59,34 @@ class MmaSyncMainloop:
         first k-tile, and the start of shared memory (for the parts' sums)."""
         a_row0, s_a32, s_wv, s_s16, s_se, mma = views
         tid, part, k0, smem = where
-        stages = self.stages
         lane, warp = tid % 32, tid // 32
         g, c = lane // 4, lane % 4
         sel = Uint32(pair_selector(c))  # this lane's byte of each weight word
-        acc = cute.make_rmem_tensor((4, self.ma, self.na), Float32)
+        shape = (4, self.nw // 16, 2) if self.swapped else (4, self.ma, self.na)
+        acc = cute.make_rmem_tensor(shape, Float32)
         acc.fill(0.0)
+        state = (a_row0, s_a32, s_wv, s_s16, s_se, mma, copies, tid, part, k0, warp, g, c, sel)
+        if cutlass.const_expr(self.swapped):
+            # Tokens are the n8 operand: a block of at most 8 real rows needs one n8 atom.
+            if sc[rows + 8] >= 0:
+                self.kloop_mma(acc, state, 2)
+            else:
+                self.kloop_mma(acc, state, 1)
+        else:
+            self.kloop_mma(acc, state, 0)
+        if cutlass.const_expr(self.split > 1):
+            self.add_parts(acc, shape, part, tid, smem)
+        if part == 0:
+            if cutlass.const_expr(self.swapped):
+                self.store_swapped(m_out, sc, rows, nt, acc, warp, g, c)
+            else:
+                self.store_mma(m_out, sc, rows, nt, acc, warp, g, c)
+
+    @cute.jit
+    def kloop_mma(self, acc, state, ntok: cutlass.Constexpr[int]):
+        """The k-loop (``ntok``: n8 token atoms of a swapped decode tile)."""
+        a_row0, s_a32, s_wv, s_s16, s_se, mma, copies, tid, part, k0, warp, g, c, sel = state
+        stages = self.stages
         for i in range(self.kt_count):
             cute.arch.cp_async_wait_group(stages - 2)
             self.part_sync(part)
@@ -68,14 +94,14 @@ class MmaSyncMainloop:
             if nxt < self.kt_count:
                 self.issue(k0 + nxt, nxt % stages, *copies, tid)
             cute.arch.cp_async_commit_group()
-            if cutlass.const_expr(self.interleave):
+            if cutlass.const_expr(self.swapped):
+                self.compute_swapped(
+                    k0 + i, i % stages, acc, s_a32, s_wv, (s_s16, s_se), mma, warp, g, c, ntok
+                )
+            elif cutlass.const_expr(self.interleave):
                 self.compute_interleaved(k0 + i, i % stages, acc, s_a32, s_wv, (s_s16, s_se), mma, warp, g, c)
             else:
                 self.compute_rows(k0 + i, i % stages, acc, a_row0, s_wv, s_s16, mma, warp, g, c, sel)
-        if cutlass.const_expr(self.split > 1):
-            self.add_parts(acc, part, tid, smem)
-        if part == 0:
-            self.store_mma(m_out, sc, rows, nt, acc, warp, g, c)
 
     @cute.jit
     def part_sync(self, part: Int32):
@@ -86,13 +112,13 @@ class MmaSyncMainloop:
             cute.arch.barrier(barrier_id=part + 1, number_of_threads=self.threads)
 
     @cute.jit
-    def add_parts(self, acc, part: Int32, tid: Int32, smem):
-        """Part 0's accumulators += part 1's, part 2's, ..., in that order, through shared memory
-        (the drained rings): a thread's accumulators match the same thread's of every part."""
+    def add_parts(self, acc, shape: cutlass.Constexpr[tuple], part: Int32, tid: Int32, smem):
+        """Part 0's accumulators (of ``shape``) += part 1's, part 2's, ..., in that order, through
+        shared memory (the drained rings): a thread's accumulators match the same thread's of
+        every part."""
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
-        shape = (4, self.ma, self.na)
-        count = 4 * self.ma * self.na
+        count = shape[0] * shape[1] * shape[2]
         # Word e of part p's sums at ((p - 1) * count + e) * threads + tid: lanes consecutive.
         sums = self.tensor(cute.recast_ptr(smem, dtype=Float32), (self.split - 1) * count * self.threads)
         if part > 0:
@@ -247,15 +273,17 @@ class MmaSyncMainloop:
                         bfr[e, at] = scaled(q, sp2[at], self.elem_name)
                 self.mma_step(mma, acc, afr, bfr)
 
-    def mma_step(self, mma, acc, afr, bfr):
-        """``acc += A x B`` for every (m16, n8) atom pair of this warp's fragments."""
+    def mma_step(self, mma, acc, afr, bfr, ma: int = 0, na: int = 0):
+        """``acc += A x B`` for every (m16, n8) atom pair of this warp's fragments (``ma`` m16
+        atoms of A and ``na`` n8 atoms of B, by default the warp's)."""
+        ma, na = ma or self.ma, na or self.na
         a_op = cute.make_tensor(
             cute.recast_ptr(afr.iterator, dtype=self.element),
-            cute.make_layout((8, self.ma, 1), stride=(1, 8, 8 * self.ma)),
+            cute.make_layout((8, ma, 1), stride=(1, 8, 8 * ma)),
         )
         b_op = cute.make_tensor(
             cute.recast_ptr(bfr.iterator, dtype=self.element),
-            cute.make_layout((4, self.na, 1), stride=(1, 4, 4 * self.na)),
+            cute.make_layout((4, na, 1), stride=(1, 4, 4 * na)),
         )
         cute.gemm(mma, acc, a_op, b_op, acc)
 
@@ -324,3 +352,98 @@ class MmaSyncMainloop:
                 for mi in cutlass.range_constexpr(ma):
                     for e in cutlass.range_constexpr(4):
                         acc[e, mi, at] = acc[e, mi, at] + (s1 if e % 2 else s0) * target[e, mi, at]
+
+    @cute.jit
+    def compute_swapped(
+        self,
+        kt: Int32,
+        slot: Int32,
+        acc,
+        s_a32,
+        s_wv,
+        scale_views,
+        mma,
+        warp: Int32,
+        g: Int32,
+        c: Int32,
+        ntok: cutlass.Constexpr[int],
+    ):
+        """All MMAs of one k-tile for this warp, decode tiles on ``n64k128`` weights: the roles
+        swap, weights are the A operand (m16 atoms of the warp's weight rows) and the block's
+        tokens B (``ntok`` n8 atoms), so a block of a few real rows takes half the MMAs.
+
+        Lane ``(g, c)`` dequantizes rows ``g`` and ``g + 8`` of each m16 atom from its own 8
+        bytes of their 64-wide chunks (lane order: the A fragment's k ``16s + 2c``, ``+ 1``,
+        ``+ 8``, ``+ 9``); the interleaved activation unit of :meth:`a_lane_word` holds tokens
+        ``g`` and ``g + 8`` at those k's, the B fragments of both n8 atoms.
+        """
+        mw = self.nw // 16
+        s_s16, s_se = scale_views
+        fp32 = self.fp32_scale
+        target = acc
+        if cutlass.const_expr(fp32):
+            target = cute.make_rmem_tensor((4, mw, 2), Float32)
+            target.fill(0.0)
+        for j in cutlass.range_constexpr(self.tk // 64):
+            wq = cute.make_rmem_tensor((2, 2, mw), Uint32)  # word, row (g, g + 8), m16 atom
+            sp2 = cute.make_rmem_tensor((2, mw), Uint32)
+            for mi in cutlass.range_constexpr(mw):
+                for rr in cutlass.range_constexpr(2):
+                    row = warp * self.nw + mi * 16 + rr * 8 + g
+                    cute.autovec_copy(s_wv[None, self.w_lane_piece(slot, j, row, g, c)], wq[None, rr, mi])
+            for step in cutlass.range_constexpr(4):
+                if cutlass.const_expr(not fp32 and 16 * step % min(self.group, 64) == 0):
+                    grp = (kt * self.tk + 64 * j + 16 * step) // self.group
+                    for mi in cutlass.range_constexpr(mw):
+                        for rr in cutlass.range_constexpr(2):
+                            row = warp * self.nw + mi * 16 + rr * 8 + g
+                            sp2[rr, mi] = scale_pair(Uint32(s_s16[row * self.srow + grp]))
+                x = cute.make_rmem_tensor((4,), Uint32)  # [g:e0, g+8:e0, g:e1, g+8:e1]
+                cute.autovec_copy(
+                    s_a32[None, self.a_rows_at(slot, 0, g) + self.a_unit(4 * j + c, step, g)], x
+                )
+                bfr = cute.make_rmem_tensor((2, ntok), Uint32)
+                for ni in cutlass.range_constexpr(ntok):
+                    for e in cutlass.range_constexpr(2):
+                        bfr[e, ni] = x[2 * e + ni]
+                afr = cute.make_rmem_tensor((4, mw), Uint32)
+                for mi in cutlass.range_constexpr(mw):
+                    for e in cutlass.range_constexpr(2):
+                        for rr in cutlass.range_constexpr(2):
+                            q = int4_lane_pair(wq[0, rr, mi], wq[1, rr, mi], step, e, self.elem_name)
+                            if cutlass.const_expr(not fp32):
+                                q = scaled(q, sp2[rr, mi], self.elem_name)
+                            afr[2 * e + rr, mi] = q
+                self.mma_step(mma, self.token_atoms(target, ntok), afr, bfr, ma=mw, na=ntok)
+        if cutlass.const_expr(fp32):
+            # Accumulators 0, 1 are weight row g of their m16 atom, 2, 3 row g + 8: one scale each.
+            grp = (kt * self.tk) // self.group
+            for mi in cutlass.range_constexpr(mw):
+                for rr in cutlass.range_constexpr(2):
+                    row = warp * self.nw + mi * 16 + rr * 8 + g
+                    sv = s_se[row * self.srow + grp].to(Float32)
+                    for ni in cutlass.range_constexpr(ntok):
+                        for e in cutlass.range_constexpr(2):
+                            acc[2 * rr + e, mi, ni] = (
+                                acc[2 * rr + e, mi, ni] + sv * target[2 * rr + e, mi, ni]
+                            )
+
+    def token_atoms(self, acc, ntok: int):
+        """The first ``ntok`` n8 token atoms of swapped accumulators ``(4, m16 atoms, 2)``."""
+        mw = self.nw // 16
+        return cute.make_tensor(acc.iterator, cute.make_layout((4, mw, ntok), stride=(1, 4, 4 * mw)))
+
+    @cute.jit
+    def store_swapped(self, m_out, sc, rows: Int32, nt: Int32, acc, warp: Int32, g: Int32, c: Int32):
+        """The swapped decode epilogue: accumulator ``2rr + e`` of (m16 atom ``mi``, n8 atom
+        ``ni``) is weight row ``16mi + 8rr + g`` of the warp's, token row ``8ni + 2c + e``;
+        round once and store each as one element."""
+        one = self.tensor(m_out.iterator, cute.size(m_out) * self.out_vec)
+        for ni in cutlass.range_constexpr(2):
+            for e in cutlass.range_constexpr(2):
+                route = sc[rows + ni * 8 + 2 * c + e]
+                if route >= 0:
+                    for mi in cutlass.range_constexpr(self.nw // 16):
+                        for rr in cutlass.range_constexpr(2):
+                            col = nt * self.tn + warp * self.nw + mi * 16 + rr * 8 + g
+                            one[route * self.n + col] = acc[2 * rr + e, mi, ni].to(self.output)

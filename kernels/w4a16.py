@@ -163,6 +163,9 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         # Decode blocks also skip the packed multiply by the scale: a k-tile inside one group
         # accumulates exact int4 products, then takes its scale once, in fp32, per output.
         self.fp32_scale = block_m == 16 and group % tile_k == 0
+        # Decode tiles on n64k128 weights swap the MMA roles (weights A, tokens B) where each
+        # warp holds whole m16 atoms of weight rows: see compute_swapped.
+        self.swapped = self.interleave and self.atoms and self.nw % 16 == 0
         self.out_vec = 16 // (self.output.width // 8)
         self.scale_chunks = k // group * 2 // 16  # 16-byte chunks per scale row
         self.srow = _scale_row_bytes(k, group, 2) // 2  # scale row stride, elements
