@@ -3,7 +3,8 @@
 Warps split ``tile_n`` only: each warp owns every row of the block and ``tile_n / warps``
 columns, and every warp of a k-part walks the same k-slices in the same order, so each
 accumulator gets the same MMAs whatever ``cta_threads`` is. Activations are the A operand,
-dequantized weights B. With ``split_k`` k-parts, part 0 adds the others' sums in part order.
+dequantized weights B, except on swapped decode tiles (below). With ``split_k`` k-parts, part 0
+adds the others' sums in part order.
 
 - Decode blocks (``block_m == 16``), interleaved: lane ``(g, c)`` takes, for each 64-wide
   k-chunk, the 16 contiguous k's ``[16c, 16c + 16)`` of its weight rows (8 bytes, one
@@ -20,8 +21,9 @@ dequantized weights B. With ``split_k`` k-parts, part 0 adds the others' sums in
   multiple of 16), the roles swap (:meth:`MmaSyncMainloop.compute_swapped`): dequantized
   weights are A, the block's tokens B, and a block of at most 8 real rows (most decode blocks)
   takes one n8 token atom, half the MMAs; each output element still sums the same products in
-  the same MMA k-slots (the same bits on an H200, which the GPU tests check). When ``group % tile_k == 0`` the exact int4 is
-  the operand and each k-tile's fp32 partial sum takes its scale in fp32.
+  the same MMA k-slots (the same bits on an H200, which the GPU tests check). When
+  ``group % tile_k == 0`` the exact int4 is the operand and each k-tile's fp32 partial sum
+  takes its scale in fp32.
 - Larger blocks, rows: natural k order; A fragments by ``ldmatrix`` from the swizzled row tile,
   and lane ``(g, c)`` takes byte ``c`` of each word of its ``nk`` weight row (one broadcast
   16-byte load per two steps, a ``prmt`` per pair), or its own 8 bytes of an ``n64k128`` row
@@ -62,18 +64,19 @@ class MmaSyncMainloop:
         lane, warp = tid % 32, tid // 32
         g, c = lane // 4, lane % 4
         sel = Uint32(pair_selector(c))  # this lane's byte of each weight word
-        shape = (4, self.nw // 16, 2) if self.swapped else (4, self.ma, self.na)
+        shape = (4, self.mw, 2) if self.swapped else (4, self.ma, self.na)
         acc = cute.make_rmem_tensor(shape, Float32)
         acc.fill(0.0)
         state = (a_row0, s_a32, s_wv, s_s16, s_se, mma, copies, tid, part, k0, warp, g, c, sel)
         if cutlass.const_expr(self.swapped):
-            # Tokens are the n8 operand: a block of at most 8 real rows needs one n8 atom.
+            # Tokens are the n8 operand: a block of at most 8 real rows needs one n8 atom (real
+            # rows come first in a block, see route_pack).
             if sc[rows + 8] >= 0:
                 self.kloop_mma(acc, state, 2)
             else:
                 self.kloop_mma(acc, state, 1)
         else:
-            self.kloop_mma(acc, state, 0)
+            self.kloop_mma(acc, state, 0)  # no token atoms: tokens are the m16 operand
         if cutlass.const_expr(self.split > 1):
             self.add_parts(acc, shape, part, tid, smem)
         if part == 0:
@@ -84,7 +87,7 @@ class MmaSyncMainloop:
 
     @cute.jit
     def kloop_mma(self, acc, state, ntok: cutlass.Constexpr[int]):
-        """The k-loop (``ntok``: n8 token atoms of a swapped decode tile)."""
+        """The k-loop; ``ntok``: n8 token atoms of a swapped decode tile (0 for the others)."""
         a_row0, s_a32, s_wv, s_s16, s_se, mma, copies, tid, part, k0, warp, g, c, sel = state
         stages = self.stages
         for i in range(self.kt_count):
@@ -273,7 +276,7 @@ class MmaSyncMainloop:
                         bfr[e, at] = scaled(q, sp2[at], self.elem_name)
                 self.mma_step(mma, acc, afr, bfr)
 
-    def mma_step(self, mma, acc, afr, bfr, ma: int = 0, na: int = 0):
+    def mma_step(self, mma, acc, afr, bfr, ma: int | None = None, na: int | None = None):
         """``acc += A x B`` for every (m16, n8) atom pair of this warp's fragments (``ma`` m16
         atoms of A and ``na`` n8 atoms of B, by default the warp's)."""
         ma, na = ma or self.ma, na or self.na
@@ -291,7 +294,8 @@ class MmaSyncMainloop:
     def compute_interleaved(
         self, kt: Int32, slot: Int32, acc, s_a32, s_wv, scale_views, mma, warp: Int32, g: Int32, c: Int32
     ):
-        """All MMAs of one k-tile for this warp, in ascending k: blocks of 16 rows (decode).
+        """All MMAs of one k-tile for this warp, in ascending k: blocks of 16 rows (decode), on
+        ``nk`` weights or on ``n64k128`` tiles that do not swap (a warp of under 16 weight rows).
 
         Lane ``(g, c)`` takes its 8 bytes of each 64-wide chunk of its weight rows (one
         ld.shared.v2) and, from the interleaved activation tile, the same k's of its rows,
@@ -377,7 +381,7 @@ class MmaSyncMainloop:
         ``+ 8``, ``+ 9``); the interleaved activation unit of :meth:`a_lane_word` holds tokens
         ``g`` and ``g + 8`` at those k's, the B fragments of both n8 atoms.
         """
-        mw = self.nw // 16
+        mw = self.mw
         s_s16, s_se = scale_views
         fp32 = self.fp32_scale
         target = acc
@@ -389,6 +393,9 @@ class MmaSyncMainloop:
             sp2 = cute.make_rmem_tensor((2, mw), Uint32)
             for mi in cutlass.range_constexpr(mw):
                 for rr in cutlass.range_constexpr(2):
+                    # Written out here and below on purpose: the same sum returned by a helper
+                    # method cost the split-k tile a register (129), half its occupancy at 256
+                    # threads and 12 % at 1 token on an H200.
                     row = warp * self.nw + mi * 16 + rr * 8 + g
                     cute.autovec_copy(s_wv[None, self.w_lane_piece(slot, j, row, g, c)], wq[None, rr, mi])
             for step in cutlass.range_constexpr(4):
@@ -430,20 +437,21 @@ class MmaSyncMainloop:
 
     def token_atoms(self, acc, ntok: int):
         """The first ``ntok`` n8 token atoms of swapped accumulators ``(4, m16 atoms, 2)``."""
-        mw = self.nw // 16
-        return cute.make_tensor(acc.iterator, cute.make_layout((4, mw, ntok), stride=(1, 4, 4 * mw)))
+        return cute.make_tensor(
+            acc.iterator, cute.make_layout((4, self.mw, ntok), stride=(1, 4, 4 * self.mw))
+        )
 
     @cute.jit
     def store_swapped(self, m_out, sc, rows: Int32, nt: Int32, acc, warp: Int32, g: Int32, c: Int32):
         """The swapped decode epilogue: accumulator ``2rr + e`` of (m16 atom ``mi``, n8 atom
         ``ni``) is weight row ``16mi + 8rr + g`` of the warp's, token row ``8ni + 2c + e``;
         round once and store each as one element."""
-        one = self.tensor(m_out.iterator, cute.size(m_out) * self.out_vec)
+        one = self.tensor(m_out.iterator, cute.size(m_out))
         for ni in cutlass.range_constexpr(2):
             for e in cutlass.range_constexpr(2):
                 route = sc[rows + ni * 8 + 2 * c + e]
                 if route >= 0:
-                    for mi in cutlass.range_constexpr(self.nw // 16):
+                    for mi in cutlass.range_constexpr(self.mw):
                         for rr in cutlass.range_constexpr(2):
                             col = nt * self.tn + warp * self.nw + mi * 16 + rr * 8 + g
                             one[route * self.n + col] = acc[2 * rr + e, mi, ni].to(self.output)

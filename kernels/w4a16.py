@@ -40,7 +40,10 @@ from ``split_k == 1`` (a sum of per-part sums).
 
 CTA-size invariance: in both loops, each accumulator element receives the same MMAs, on the
 same operand values, in the same k order, whatever ``cta_threads`` is; only which warp issues
-them changes. So variants that differ only in ``cta_threads`` give bit-identical outputs.
+them changes. So variants that differ only in ``cta_threads`` give bit-identical outputs. One
+exception in form: ``n64k128`` decode tiles whose warps hold whole m16 atoms of weight rows run
+the same MMAs transposed (weights as A, see :meth:`~._w4a16_mma.MmaSyncMainloop.compute_swapped`),
+the same products in the same k-slots, which gave identical bits on sm_90a, where it is tested.
 """
 
 from __future__ import annotations
@@ -146,7 +149,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         self.threads = cta_threads // max(split_k, 1)  # threads of one k-part
         self.warps = self.threads // 32
         self.nw = tile_n // max(self.warps, 1)  # columns per warp
-        self.na, self.ma = self.nw // 8, block_m // 16  # n8 / m16 atoms per warp
+        self.na, self.ma = self.nw // 8, block_m // 16  # n8 / m16 atoms per warp (not swapped)
         self.qa, self.qw = tile_k // 8, tile_k // 32  # 16-byte chunks per A row / W row
         self.kt_count = k // tile_k // max(split_k, 1)  # k-tiles of one k-part
         self.ring_bytes = ring_bytes(block_m=block_m, tile_n=tile_n, tile_k=tile_k, stages=stages)
@@ -166,6 +169,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         # Decode tiles on n64k128 weights swap the MMA roles (weights A, tokens B) where each
         # warp holds whole m16 atoms of weight rows: see compute_swapped.
         self.swapped = self.interleave and self.atoms and self.nw % 16 == 0
+        self.mw = self.nw // 16  # swapped: m16 atoms of weight rows per warp
         self.out_vec = 16 // (self.output.width // 8)
         self.scale_chunks = k // group * 2 // 16  # 16-byte chunks per scale row
         self.srow = _scale_row_bytes(k, group, 2) // 2  # scale row stride, elements
@@ -361,9 +365,9 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             part, tid = tid // self.threads, tid % self.threads
             base = smem + cute.assume(part * self.ring_bytes, divby=1024)  # keeps the alignment
         k0 = part * self.kt_count  # the part's first k-tile
-        # Activations. Interleaved (block_m 16): one MMA A fragment per 16-byte unit, in the
-        # weights' k order (see pair_rows), stored from registers and read by one ld.shared.v4
-        # per MMA step.
+        # Activations. Interleaved (block_m 16): one MMA A fragment (swapped: the B fragments
+        # of both token atoms) per 16-byte unit, in the weights' k order (see pair_rows),
+        # stored from registers and read by one ld.shared.v4 per MMA step.
         # Otherwise plain rows of 16-byte chunks (chunk q at q ^ (row % 8)), filled by
         # 16-byte cp.async and read by ldmatrix (conflict-free thanks to the swizzle).
         # Weights: per 64-wide k-chunk, 32 bytes per row n, its 16-byte halves swapped when
