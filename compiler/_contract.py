@@ -91,8 +91,7 @@ def check_limits(limits: Limits, kernel: KernelResources, sass: SassHistogram | 
         if sass is None:
             over.append("async_wgmma needs the SASS histogram: install the [sass] extra (nvdisasm)")
         else:
-            wgmmas = sum(n for op, n in sass.opcodes.items() if op.startswith("HGMMA"))
-            waits = sum(n for op, n in sass.opcodes.items() if op.startswith("WARPGROUP.DEPBAR"))
+            wgmmas, waits = sass.count("HGMMA"), sass.count("WARPGROUP.DEPBAR")
             if wgmmas and waits >= wgmmas:
                 over.append(
                     f"{waits} wgmma waits for {wgmmas} wgmmas: ptxas serialized them (async_wgmma); "

@@ -17,11 +17,11 @@ adds the others' sums in part order.
   ``ld.shared.v4`` is an A fragment. That is for ``nk`` weights; ``n64k128`` weights are in lane
   order (:mod:`b12x_aot.loader.w4a16_layout`): the lane's 8 bytes hold its k's of the natural
   MMA slots as (k, k + 1) pairs, still one shift each, and the activation words are stored
-  unpaired. There, where a warp holds whole m16 atoms of weight rows (``tile_n / warps`` a
-  multiple of 16), the roles swap (:meth:`MmaSyncMainloop.compute_swapped`): dequantized
-  weights are A, the block's tokens B, and a block of at most 8 real rows (most decode blocks)
+  unpaired, and the MMA roles swap (:meth:`MmaSyncMainloop.compute_swapped`; a warp must hold
+  whole m16 atoms of weight rows, ``tile_n / warps`` a multiple of 16): dequantized weights
+  are A, the block's tokens B, and a block of at most 8 real rows (most decode blocks)
   takes one n8 token atom, half the MMAs; each output element still sums the same products in
-  the same MMA k-slots (the same bits on an H200, which the GPU tests check). When
+  the same MMA k-slots as the untransposed loop did (the same bits on an H200). When
   ``group % tile_k == 0`` the exact int4 is the operand and each k-tile's fp32 partial sum
   takes its scale in fp32.
 - Larger blocks, rows: natural k order; A fragments by ``ldmatrix`` from the swizzled row tile,
@@ -294,16 +294,14 @@ class MmaSyncMainloop:
     def compute_interleaved(
         self, kt: Int32, slot: Int32, acc, s_a32, s_wv, scale_views, mma, warp: Int32, g: Int32, c: Int32
     ):
-        """All MMAs of one k-tile for this warp, in ascending k: blocks of 16 rows (decode), on
-        ``nk`` weights or on ``n64k128`` tiles that do not swap (a warp of under 16 weight rows).
+        """All MMAs of one k-tile for this warp, in ascending k: blocks of 16 rows (decode) on
+        ``nk`` weights (``n64k128`` decode tiles take :meth:`compute_swapped`).
 
-        Lane ``(g, c)`` takes its 8 bytes of each 64-wide chunk of its weight rows (one
-        ld.shared.v2) and, from the interleaved activation tile, the same k's of its rows,
-        identically for A (:meth:`pair_rows`) and B. In ``nk`` rows those are the 16 contiguous
-        k's ``[16c, 16c + 16)``: MMA k-slots ``(2c, 2c + 1)`` of step ``s`` are k ``16c + s`` and
-        ``16c + s + 4``, slots ``(2c + 8, 2c + 9)`` k ``16c + 8 + s`` and ``16c + 12 + s``. In
-        ``n64k128``'s lane order they are the natural slots, k ``16s + 2c`` and ``+ 1``, ``+ 8``,
-        ``+ 9``, so step ``s`` sums other k's than in ``nk``.
+        Lane ``(g, c)`` takes the 16 contiguous k's ``[16c, 16c + 16)`` of each 64-wide chunk of
+        its weight rows (8 bytes, one ld.shared.v2) and, from the interleaved activation tile,
+        the same k's of its rows: MMA k-slots ``(2c, 2c + 1)`` of step ``s`` are k ``16c + s``
+        and ``16c + s + 4``, slots ``(2c + 8, 2c + 9)`` k ``16c + 8 + s`` and ``16c + 12 + s``,
+        identically for A (:meth:`pair_rows`) and B.
         """
         na, ma = self.na, self.ma
         s_s16, s_se = scale_views
@@ -317,19 +315,11 @@ class MmaSyncMainloop:
             for at in cutlass.range_constexpr(na):
                 nl = warp * self.nw + at * 8 + g
                 cute.autovec_copy(s_wv[None, self.w_lane_piece(slot, j, nl, g, c)], wq[None, at])
-                if cutlass.const_expr(not self.fp32_scale and not self.atoms):
-                    # nk: the group of the lane's 16 contiguous k's
+                if cutlass.const_expr(not self.fp32_scale):
+                    # the group of the lane's 16 contiguous k's
                     v = Uint32(s_s16[nl * self.srow + (kt * self.tk + 64 * j + 16 * c) // self.group])
                     sp2[at] = scale_pair(v)
             for step in cutlass.range_constexpr(4):
-                if cutlass.const_expr(
-                    not self.fp32_scale and self.atoms and 16 * step % min(self.group, 64) == 0
-                ):
-                    # n64k128: the step's k's group, for steps that start one
-                    for at in cutlass.range_constexpr(na):
-                        nl = warp * self.nw + at * 8 + g
-                        v = Uint32(s_s16[nl * self.srow + (kt * self.tk + 64 * j + 16 * step) // self.group])
-                        sp2[at] = scale_pair(v)
                 afr = cute.make_rmem_tensor((4, ma), Uint32)
                 for mi in cutlass.range_constexpr(ma):
                     unit = self.a_rows_at(slot, mi, g) + self.a_unit(4 * j + c, step, g)
@@ -337,10 +327,7 @@ class MmaSyncMainloop:
                 bfr = cute.make_rmem_tensor((2, na), Uint32)
                 for at in cutlass.range_constexpr(na):
                     for e in cutlass.range_constexpr(2):
-                        if cutlass.const_expr(self.atoms):
-                            q = int4_lane_pair(wq[0, at], wq[1, at], step, e, self.elem_name)
-                        else:
-                            q = int4_split_pair(wq[e, at], step, self.elem_name)
+                        q = int4_split_pair(wq[e, at], step, self.elem_name)
                         if cutlass.const_expr(self.fp32_scale):
                             bfr[e, at] = q  # exact int4; the k-tile's sum takes the scale in fp32
                         else:

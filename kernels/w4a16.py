@@ -40,10 +40,9 @@ from ``split_k == 1`` (a sum of per-part sums).
 
 CTA-size invariance: in both loops, each accumulator element receives the same MMAs, on the
 same operand values, in the same k order, whatever ``cta_threads`` is; only which warp issues
-them changes. So variants that differ only in ``cta_threads`` give bit-identical outputs. One
-exception in form: ``n64k128`` decode tiles whose warps hold whole m16 atoms of weight rows run
-the same MMAs transposed (weights as A, see :meth:`~._w4a16_mma.MmaSyncMainloop.compute_swapped`),
-the same products in the same k-slots, which gave identical bits on sm_90a, where it is tested.
+them changes. So variants that differ only in ``cta_threads`` give bit-identical outputs
+(``n64k128`` decode tiles run their MMAs transposed, weights as A, at every thread count: see
+:meth:`~._w4a16_mma.MmaSyncMainloop.compute_swapped`).
 """
 
 from __future__ import annotations
@@ -166,9 +165,9 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         # Decode blocks also skip the packed multiply by the scale: a k-tile inside one group
         # accumulates exact int4 products, then takes its scale once, in fp32, per output.
         self.fp32_scale = block_m == 16 and group % tile_k == 0
-        # Decode tiles on n64k128 weights swap the MMA roles (weights A, tokens B) where each
-        # warp holds whole m16 atoms of weight rows: see compute_swapped.
-        self.swapped = self.interleave and self.atoms and self.nw % 16 == 0
+        # Decode tiles on n64k128 weights swap the MMA roles (weights A, tokens B; each warp
+        # holds whole m16 atoms of weight rows): see compute_swapped.
+        self.swapped = self.interleave and self.atoms
         self.mw = self.nw // 16  # swapped: m16 atoms of weight rows per warp
         self.out_vec = 16 // (self.output.width // 8)
         self.scale_chunks = k // group * 2 // 16  # 16-byte chunks per scale row
@@ -190,6 +189,11 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 self.atoms and (tile_n % BAND or k % ATOM_K or self._pass_splits_bands()),
                 "n64k128: tile_n % 64 == 0, k % 128 == 0, and (cta_threads / split_k) / "
                 "(tile_k / 32) divides 64 or is a multiple of it (the rows one weight copy pass takes)",
+            ),
+            (
+                self.swapped and self.nw % 16,
+                "n64k128 decode tiles (block_m 16): tile_n % (16 * part warps) == 0 (whole m16 atoms "
+                "of weight rows per warp)",
             ),
             # A 64-wide k-chunk's MMA steps take their scale where a group starts: at step
             # starts (group 16, 32) or chunk starts (multiples of 64), never inside a step.

@@ -92,6 +92,10 @@ class SassHistogram:
     spill_store_bytes: int
     spill_load_bytes: int
 
+    def count(self, prefix: str) -> int:
+        """Instructions whose opcode starts with ``prefix`` (``"HGMMA"`` counts every shape)."""
+        return sum(n for op, n in self.opcodes.items() if op.startswith(prefix))
+
     def to_json(self) -> dict[str, object]:
         """What the registry stores (spill bytes have columns of their own)."""
         return {"opcodes": self.opcodes, "classes": self.classes}

@@ -169,7 +169,7 @@ class RegistryStore:
             resolved = Path(blob_dir).expanduser().resolve()
             # SQLite keeps the directory relative to the file, so the pair can move together.
             stored = os.path.relpath(resolved, db_path.parent) if is_sqlite else str(resolved)
-        meta = store._initialise_waiting(create, stored, is_sqlite)
+        meta = store._initialise_waiting(create, stored)
         version = int(meta.get("schema_version", "0"))
         if check_schema and version != SCHEMA_VERSION:
             engine.dispose()
@@ -186,7 +186,7 @@ class RegistryStore:
             store = cls(engine, url, BlobStore((base / stored_dir).resolve()))
         return store
 
-    def _initialise_waiting(self, create: bool, blob_dir: str | None, is_sqlite: bool) -> dict[str, str]:
+    def _initialise_waiting(self, create: bool, blob_dir: str | None) -> dict[str, str]:
         """:meth:`_initialise`, retried while SQLite reports the file locked: builders that
         open one new file at once race to create it and switch it to WAL, and SQLite answers
         some of those steps with "database is locked" without waiting on the busy timeout."""
@@ -197,7 +197,7 @@ class RegistryStore:
                 return self._initialise(create, blob_dir)
             except OperationalError as exc:
                 self.engine.dispose()  # drop the connection that saw the lock
-                if not (is_sqlite and "locked" in str(exc.orig) and time.monotonic() < deadline):
+                if not (self.dialect == "sqlite" and "locked" in str(exc.orig) and time.monotonic() < deadline):
                     raise RegistryNotFound(f"cannot open registry {self.display}: {exc.orig}") from None
                 time.sleep(pause)
                 pause = min(pause * 2, 0.5)
