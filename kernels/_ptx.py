@@ -32,6 +32,7 @@ __all__ = [
     "ldmatrix_x4",
     "prmt",
     "red_shared_add_u32",
+    "st_cluster_f32",
     "st_relaxed_gpu_u32",
     "st_relaxed_sys_u32",
     "st_release_sys_u32",
@@ -100,6 +101,16 @@ def red_shared_add_u32(addr: Int32, value: Uint32, *, loc=None, ip=None) -> None
     """``red.shared.add.u32``: atomically add ``value`` to the shared word at ``addr`` (no result)."""
     values = [Int32(addr).ir_value(loc=loc, ip=ip), Uint32(value).ir_value(loc=loc, ip=ip)]
     _asm(None, values, "red.shared.add.u32 [$0], $1;", "r,r,~{memory}", pure=False, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def st_cluster_f32(addr: Int32, rank: Int32, value: Float32, *, loc=None, ip=None) -> None:
+    """Store ``value`` at this CTA's shared address ``addr`` in cluster CTA ``rank``'s shared
+    memory (``mapa`` + ``st.shared::cluster``)."""
+    ptx = "{ .reg .b32 at; mapa.shared::cluster.u32 at, $0, $1; st.shared::cluster.f32 [at], $2; }"
+    values = [Int32(addr).ir_value(loc=loc, ip=ip), Int32(rank).ir_value(loc=loc, ip=ip)]
+    values.append(Float32(value).ir_value(loc=loc, ip=ip))
+    _asm(None, values, ptx, "r,r,f,~{memory}", pure=False, loc=loc, ip=ip)
 
 
 @dsl_user_op

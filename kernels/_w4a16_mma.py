@@ -4,7 +4,8 @@ Warps split ``tile_n`` only: each warp owns every row of the block and ``tile_n 
 columns, and every warp of a k-part walks the same k-slices in the same order, so each
 accumulator gets the same MMAs whatever ``cta_threads`` is. Activations are the A operand,
 dequantized weights B, except on swapped decode tiles (below). With ``split_k`` k-parts, part 0
-adds the others' sums in part order.
+adds the others' sums in part order; with ``k_ctas`` CTAs per cluster, CTA 0 then adds the
+others' in rank order.
 
 - Decode blocks (``block_m == 16``), interleaved: lane ``(g, c)`` takes, for each 64-wide
   k-chunk, the 16 contiguous k's ``[16c, 16c + 16)`` of its weight rows (8 bytes, one
@@ -36,7 +37,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint32
 
-from ._ptx import ldmatrix_x4, prmt
+from ._ptx import ldmatrix_x4, prmt, st_cluster_f32
 from ._w4a16_dequant import int4_lane_pair, int4_pair, int4_split_pair, pair_selector, scale_pair, scaled
 
 __all__ = ["MmaSyncMainloop"]
@@ -57,14 +58,15 @@ class MmaSyncMainloop:
     @cute.jit
     def mainloop_mma(self, m_out, sc, rows: Int32, nt: Int32, views, copies, where):
         """k-loop of warp-level ``mma.sync`` and the epilogue (every arch; every tile the wgmma
-        loop does not take). ``where``: this thread's index in its k-part, the part, the part's
-        first k-tile, and the start of shared memory (for the parts' sums)."""
+        loop does not take). ``where``: this thread's index in its k-part, the part, the
+        CTA's rank in its cluster, the part's first k-tile, and the start of shared memory (for
+        the parts' and CTAs' sums)."""
         a_row0, s_a32, s_wv, s_s16, s_se, mma = views
-        tid, part, k0, smem = where
+        tid, part, rank, k0, smem = where
         lane, warp = tid % 32, tid // 32
         g, c = lane // 4, lane % 4
         sel = Uint32(pair_selector(c))  # this lane's byte of each weight word
-        shape = (4, self.mw, 2) if self.swapped else (4, self.ma, self.na)
+        shape = self.acc_shape
         acc = cute.make_rmem_tensor(shape, Float32)
         acc.fill(0.0)
         state = (a_row0, s_a32, s_wv, s_s16, s_se, mma, copies, tid, part, k0, warp, g, c, sel)
@@ -79,7 +81,9 @@ class MmaSyncMainloop:
             self.kloop_mma(acc, state, 0)  # no token atoms: tokens are the m16 operand
         if cutlass.const_expr(self.split > 1):
             self.add_parts(acc, shape, part, tid, smem)
-        if part == 0:
+        if cutlass.const_expr(self.k_ctas > 1):
+            self.add_ctas(acc, shape, part, rank, tid, smem)
+        if part == 0 and rank == 0:
             if cutlass.const_expr(self.swapped):
                 self.store_swapped(m_out, sc, rows, nt, acc, warp, g, c)
             else:
@@ -133,6 +137,31 @@ class MmaSyncMainloop:
                 for e in cutlass.range_constexpr(count):
                     at = _unravel(e, shape)
                     acc[at] = acc[at] + sums[((p - 1) * count + e) * self.threads + tid]
+
+    @cute.jit
+    def add_ctas(self, acc, shape: cutlass.Constexpr[tuple], part: Int32, rank: Int32, tid: Int32, smem):
+        """Rank 0's part-0 accumulators (of ``shape``) += rank 1's, rank 2's, ..., in that order
+        (each CTA's parts already added): the others store theirs into rank 0's drained ring,
+        past the parts' sums, between two cluster barriers."""
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.cluster_arrive()  # every CTA of the cluster is past its k-loop: rings are free
+        cute.arch.cluster_wait()
+        count = shape[0] * shape[1] * shape[2]
+        first = (self.split - 1) * count * self.threads  # word past the parts' sums
+        if part == 0 and rank > 0:
+            at = smem.toint() + (first + (rank - 1) * count * self.threads + tid) * 4
+            for e in cutlass.range_constexpr(count):
+                st_cluster_f32(at + e * self.threads * 4, Int32(0), acc[_unravel(e, shape)])
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
+        if part == 0 and rank == 0:
+            sums = self.tensor(
+                cute.recast_ptr(smem, dtype=Float32), first + (self.k_ctas - 1) * count * self.threads
+            )
+            for r in cutlass.range_constexpr(1, self.k_ctas):
+                for e in cutlass.range_constexpr(count):
+                    at = _unravel(e, shape)
+                    acc[at] = acc[at] + sums[first + ((r - 1) * count + e) * self.threads + tid]
 
     @cute.jit
     def store_mma(self, m_out, sc, rows: Int32, nt: Int32, acc, warp: Int32, g: Int32, c: Int32):

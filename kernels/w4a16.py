@@ -38,6 +38,13 @@ experts) keeps several k-streams per SM in flight. Part 0 then adds parts 1, 2, 
 sums, in that order, through shared memory, and stores. Deterministic; the association differs
 from ``split_k == 1`` (a sum of per-part sums).
 
+Cluster split (``k_ctas > 1``, the ``mma.sync`` loop): a launch of fewer tiles than SMs leaves
+most SMs idle, and a tile's k-loop then runs on one SM's issue slots. So the grid's x holds
+``k_ctas`` CTAs per block, one cluster, each walking ``k / k_ctas`` with its own parts; after
+their k-loops (a cluster barrier), CTAs 1, 2, ... store their summed parts into CTA 0's drained
+ring through distributed shared memory, and after a second barrier CTA 0 adds them in rank
+order and stores. Deterministic, a further association: ``((cta 0's parts) + cta 1's) + ...``.
+
 CTA-size invariance: in both loops, each accumulator element receives the same MMAs, on the
 same operand values, in the same k order, whatever ``cta_threads`` is; only which warp issues
 them changes. So variants that differ only in ``cta_threads`` give bit-identical outputs
@@ -116,6 +123,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         cta_threads: int,
         e_cap: int,
         w_layout: str = "nk",
+        k_ctas: int = 1,
     ):
         super().__init__(
             geometry,
@@ -134,6 +142,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             cta_threads=cta_threads,
             e_cap=e_cap,
             w_layout=w_layout,
+            k_ctas=k_ctas,
         )
         if element not in DTYPES:
             raise ValueError(f"element must be bf16 or fp16 (got {element!r})")
@@ -145,12 +154,15 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         # split_k k-parts of equal threads each walk k / split_k of the tile (own ring, own
         # named barrier); part 0 then adds the others' fp32 sums in part order and stores.
         self.split, self.cta_threads = split_k, cta_threads
+        # k_ctas CTAs of a cluster split k further, each over k / k_ctas with its own parts;
+        # rank 0 then adds the other CTAs' sums in rank order (through its shared memory).
+        self.k_ctas = k_ctas
         self.threads = cta_threads // max(split_k, 1)  # threads of one k-part
         self.warps = self.threads // 32
         self.nw = tile_n // max(self.warps, 1)  # columns per warp
         self.na, self.ma = self.nw // 8, block_m // 16  # n8 / m16 atoms per warp (not swapped)
         self.qa, self.qw = tile_k // 8, tile_k // 32  # 16-byte chunks per A row / W row
-        self.kt_count = k // tile_k // max(split_k, 1)  # k-tiles of one k-part
+        self.kt_count = k // tile_k // max(split_k * k_ctas, 1)  # k-tiles of one k-part
         self.ring_bytes = ring_bytes(block_m=block_m, tile_n=tile_n, tile_k=tile_k, stages=stages)
         self.ra = cdiv(block_m, max(self.threads // self.qa, 1))  # activation rows per thread
         # Decode blocks mostly hold one or two real rows: their few activation pieces can afford
@@ -169,6 +181,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         # holds whole m16 atoms of weight rows): see compute_swapped.
         self.swapped = self.interleave and self.atoms
         self.mw = self.nw // 16  # swapped: m16 atoms of weight rows per warp
+        self.acc_shape = (4, self.mw, 2) if self.swapped else (4, self.ma, self.na)  # mma.sync loop
         self.out_vec = 16 // (self.output.width // 8)
         self.scale_chunks = k // group * 2 // 16  # 16-byte chunks per scale row
         self.srow = _scale_row_bytes(k, group, 2) // 2  # scale row stride, elements
@@ -176,6 +189,10 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             (
                 not 1 <= split_k <= 15 or cta_threads % (32 * split_k) or (k // tile_k) % split_k,
                 "1 <= split_k <= 15 (named barriers 1..15) divides the warps and the k-tiles",
+            ),
+            (
+                k_ctas not in (1, 2, 4, 8) or (k // tile_k) % (split_k * k_ctas),
+                "k_ctas in (1, 2, 4, 8) and split_k * k_ctas divides the k-tiles",
             ),
             (n % tile_n, "n % tile_n == 0"),
             (k % tile_k or tile_k % 64, "tile_k % 64 == 0 and k % tile_k == 0"),
@@ -205,7 +222,10 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             (self.threads // max(self.qw, 1) % 8, "part threads // (tile_k // 32) % 8 == 0"),  # see issue()
             (self.kt_count < stages or stages < 2, "2 <= stages <= k // tile_k // split_k"),
             # part 0 adds the other parts' sums from their rings' memory, KiB-aligned per part
-            ((split_k - 1) * tile_n * block_m * 4 > split_k * self.ring_bytes, "split_k sums fit the rings"),
+            (
+                (split_k + k_ctas - 2) * tile_n * block_m * 4 > split_k * self.ring_bytes,
+                "the split_k and k_ctas sums fit the rings",
+            ),
             (split_k > 1 and self.ring_bytes % 1024, "a k-part's ring is whole KiB"),
         ]
         bad = [rule for failed, rule in problems if failed]
@@ -252,6 +272,9 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         # are read in address order, and the grid's empty trailing blocks start last.
         bx, by, _ = cute.arch.block_idx()
         grid_x, _, _ = cute.arch.grid_dim()
+        rank = Int32(0)  # in the cluster: a cluster's k_ctas CTAs are consecutive in x
+        if cutlass.const_expr(self.k_ctas > 1):
+            rank, bx, grid_x = bx % self.k_ctas, bx // self.k_ctas, grid_x // self.k_ctas
         tiles = self.n // self.tn
         cta = bx + by * grid_x
         blk, nt = cta // tiles, cta % tiles
@@ -265,8 +288,8 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             expert = sc[HEADER_WORDS + blk]
             rows = HEADER_WORDS + nblk + blk * bm
             if expert >= 0 and expert < live:
-                self.gemm_block(m_out, a, w, scales, sc, rows, expert, nt, num_tokens, tid)
-            else:
+                self.gemm_block(m_out, a, w, scales, sc, rows, expert, nt, num_tokens, tid, rank)
+            elif rank == 0:  # one CTA of a cluster writes the zeros
                 zero = cute.make_rmem_tensor((self.out_vec,), self.output)
                 zero.fill(0.0)
                 per_row = self.tn // self.out_vec
@@ -352,7 +375,18 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
 
     @cute.jit
     def gemm_block(
-        self, m_out, a, w, scales, sc, rows: Int32, expert: Int32, nt: Int32, num_tokens: Int32, tid: Int32
+        self,
+        m_out,
+        a,
+        w,
+        scales,
+        sc,
+        rows: Int32,
+        expert: Int32,
+        nt: Int32,
+        num_tokens: Int32,
+        tid: Int32,
+        rank: Int32,
     ):
         """The ``block_m x tile_n`` tile of one expert block: mainloop and epilogue."""
         bm, tn, tk, stages = self.bm, self.tn, self.tk, self.stages
@@ -368,7 +402,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         if cutlass.const_expr(self.split > 1):
             part, tid = tid // self.threads, tid % self.threads
             base = smem + cute.assume(part * self.ring_bytes, divby=1024)  # keeps the alignment
-        k0 = part * self.kt_count  # the part's first k-tile
+        k0 = (rank * self.split + part) * self.kt_count  # the part's first k-tile
         # Activations. Interleaved (block_m 16): one MMA A fragment (swapped: the B fragments
         # of both token atoms) per 16-byte unit, in the weights' k order (see pair_rows),
         # stored from registers and read by one ld.shared.v4 per MMA step.
@@ -465,7 +499,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 nt,
                 (a_row0, s_a32, s_wv, s_s16, s_se, mma),
                 (atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src),
-                (tid, part, k0, smem),
+                (tid, part, rank, k0, smem),
             )
 
     def tiles_ahead(self) -> int:
@@ -488,6 +522,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             self.target_arch() == "sm_90a"
             and not self.interleave
             and self.split == 1
+            and self.k_ctas == 1
             and self.tk == 64
             and self.stages >= 3
             and self.threads % 128 == 0

@@ -31,7 +31,7 @@ class StaticGeometry(NamedTuple):
 
     block: tuple[int, int, int]
     smem: int
-    cluster: tuple[int, int, int] | None
+    cluster: tuple[int, int, int] | None  # None: no cluster, or clusters of one CTA (the same launch)
 
     @property
     def threads(self) -> int:
@@ -85,7 +85,8 @@ class Geometry(NamedTuple):
         return frozenset().union(*(e.names for e in exprs))
 
     def bind_static(self, params: Mapping[str, Any]) -> StaticGeometry:
-        """Evaluate block, smem and cluster; each must come out a non-negative int."""
+        """Evaluate block, smem and cluster; each must come out a non-negative int. A cluster of
+        one CTA is no cluster: such variants launch the plain way."""
 
         def as_int(expr: Expr, what: str) -> int:
             value = expr.evaluate(params)
@@ -95,6 +96,8 @@ class Geometry(NamedTuple):
 
         block = tuple(as_int(e, "block") for e in self.block)
         cluster = tuple(as_int(e, "cluster") for e in self.cluster) if self.cluster else None
+        if cluster == (1, 1, 1):
+            cluster = None
         return StaticGeometry(block, as_int(self.smem, "smem"), cluster)  # type: ignore[arg-type]
 
     def grid_of(

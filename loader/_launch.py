@@ -6,7 +6,8 @@ entry, a device, its function handle and a stream): a preallocated parameter buf
 the grid. Its ``__call__`` and ``checked`` are generated for the variant's ABI (see
 ``_codegen``), so a call does no loops, lookups or parsing: it converts pointer arguments
 (ints pass through; tensors give ``data_ptr()``), packs the buffer and calls
-``cuLaunchKernel``.
+``cuLaunchKernel`` (``cuLaunchKernelEx`` with the cluster size, for a variant that has clusters
+of more than one CTA).
 """
 
 from __future__ import annotations
@@ -43,6 +44,18 @@ _LAUNCH = """\
 {default_stream}    elif stream.__class__ is not CUstream:
         stream = as_stream(stream)
     result = launch(func, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, {smem}, stream, argv, 0)
+    if result[0] is not SUCCESS:
+        failed(result)
+"""
+
+# A variant with a cluster launches through cuLaunchKernelEx: the DSL's cubins carry no
+# compile-time cluster size, so it goes in a launch attribute, on a config bound once.
+_CLUSTER_LAUNCH = """\
+{guard}    if stream is None:
+{default_stream}    elif stream.__class__ is not CUstream:
+        stream = as_stream(stream)
+    config.gridDimX, config.gridDimY, config.gridDimZ, config.hStream = {gx}, {gy}, {gz}, stream
+    result = launch_ex(config, func, argv, 0)
     if result[0] is not SUCCESS:
         failed(result)
 """
@@ -118,11 +131,13 @@ class PreparedLaunch:
             "failed": self._failed,
         }
         default_stream = self._stream_source(device, stream, env)
+        if entry.static.cluster is not None:
+            env["config"], env["launch_ex"] = _cluster_config(entry), cu.cuLaunchKernelEx
 
         def tail(dims: list[str]) -> str:
             """The lines from the grid to the driver call, for either generated function."""
             varying = ["0"] if "0" in dims else [d for d in dims if not d.isdigit()]
-            return _LAUNCH.format(
+            return (_LAUNCH if entry.static.cluster is None else _CLUSTER_LAUNCH).format(
                 guard=f"    if not ({' and '.join(varying)}):\n        return\n" if varying else "",
                 default_stream=default_stream,
                 gx=dims[0],
@@ -188,7 +203,8 @@ class PreparedLaunch:
         return self.entry.shapes(**scalars)
 
     def _failed(self, result: tuple[Any, ...]) -> None:
-        check(result, f"cuLaunchKernel({self.name})")
+        driver_call = "cuLaunchKernel" if self.entry.static.cluster is None else "cuLaunchKernelEx"
+        check(result, f"{driver_call}({self.name})")
 
     def _diagnose(self, args: Sequence[Any], exc: Exception) -> LaunchArgumentError:
         """Why a plain call could not pack its arguments (the slow path, for errors only)."""
@@ -203,3 +219,17 @@ class PreparedLaunch:
         return LaunchArgumentError(
             self.name, "*", f"do not pack ({exc})", tuple(type(a).__name__ for a in args)
         )
+
+
+def _cluster_config(entry: IndexEntry) -> Any:
+    """A ``CUlaunchConfig`` with ``entry``'s block, shared memory and cluster size; each call
+    sets the grid and the stream."""
+    attr = cu.CUlaunchAttribute()
+    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    cluster = attr.value.clusterDim
+    cluster.x, cluster.y, cluster.z = entry.static.cluster
+    config = cu.CUlaunchConfig()
+    config.blockDimX, config.blockDimY, config.blockDimZ = entry.static.block
+    config.sharedMemBytes = entry.static.smem
+    config.attrs, config.numAttrs = [attr], 1
+    return config

@@ -231,8 +231,9 @@ class MoeW4A16Op(_RegistryOp):
     ``n64k128`` atoms that :func:`w4a16_weights` makes (faster). Nothing in the
     tensors tells the two apart: weights in the other order give wrong results, not an error.
     The tile follows the batch: decode tiles (``block_m`` 16) for up to ``decode_tokens``
-    tokens (the split-k one when the launch would have few tiles per SM: a few tokens route to
-    a handful of experts, or the shape is narrow), prefill tiles above ``prefill_tokens``, mid
+    tokens (split-k ones when the launch would have few tiles per SM: a few tokens route to
+    a handful of experts, or the shape is narrow; with fewer tiles than SMs, clusters of CTAs
+    split each tile's k too), prefill tiles above ``prefill_tokens``, mid
     tiles between, each the first the registry holds in :attr:`TILES` order. Tiles sum in different fp32 orders, so a token's
     output bits can differ between batch sizes that pick different tiles (every tile meets the
     same accuracy bar); for one batch size they are always the same. The route-pack scratch
@@ -240,29 +241,34 @@ class MoeW4A16Op(_RegistryOp):
     """
 
     family = "moe.w4a16"
-    # (block_m, tile_n, tile_k, stages, cta_threads, split_k), best first, per regime; the
-    # spec builds the split-k tile only for the long-k shapes, where it helps, so the first
-    # tile the registry holds for a shape is its best
-    _DECODE = ((16, 128, 128, 3, 128, 1), (16, 128, 128, 3, 256, 1), (16, 128, 128, 3, 512, 1))
-    TILES: Mapping[str, Sequence[tuple[int, int, int, int, int, int]]] = {
-        "tiny": ((16, 64, 128, 3, 256, 4), *_DECODE),
-        "decode": _DECODE,
+    # (block_m, tile_n, tile_k, stages, cta_threads, split_k, k_ctas), best first, per regime;
+    # the spec builds the split-k tiles only for the long-k shapes, where they help, so the
+    # first tile the registry holds for a shape is its best
+    _DECODE = ((16, 128, 128, 3, 128, 1, 1), (16, 128, 128, 3, 256, 1, 1), (16, 128, 128, 3, 512, 1, 1))
+    _TINY = ((16, 64, 128, 3, 256, 4, 1), *_DECODE)
+    TILES: Mapping[str, Sequence[tuple[int, int, int, int, int, int, int]]] = {
+        "cluster4": ((16, 64, 128, 3, 128, 2, 4), *_TINY),
+        "cluster2": ((16, 64, 128, 3, 128, 2, 2), *_TINY),
+        "tiny": _TINY,
+        "decode": ((16, 64, 128, 3, 128, 2, 1), *_DECODE),
         "mid": (
-            (32, 128, 64, 3, 256, 1),
-            (64, 128, 64, 4, 128, 1),
-            (64, 128, 64, 3, 128, 1),
-            (64, 128, 128, 3, 128, 1),
+            (32, 128, 64, 3, 256, 1, 1),
+            (64, 128, 64, 4, 128, 1, 1),
+            (64, 128, 64, 3, 128, 1, 1),
+            (64, 128, 128, 3, 128, 1, 1),
         ),
         "prefill": (
-            (128, 128, 64, 4, 128, 1),
-            (128, 128, 64, 4, 256, 1),
-            (64, 128, 64, 4, 128, 1),
-            (64, 128, 64, 3, 128, 1),
+            (128, 128, 64, 4, 128, 1, 1),
+            (128, 128, 64, 4, 256, 1, 1),
+            (64, 128, 64, 4, 128, 1, 1),
+            (64, 128, 64, 3, 128, 1, 1),
         ),
     }
+    TILE_PARAMS = ("block_m", "tile_n", "tile_k", "stages", "cta_threads", "split_k", "k_ctas")
     PACK_THREADS, PACK_ROUTES = 512, 1024
-    # Below this many 128-wide decode tiles per SM the split-k tile wins (measured on an H200)
-    TINY_TILES_PER_SM = 3
+    # Decode regimes by 128-wide tiles per SM, below each bound (measured on an H200): clusters
+    # of 4 CTAs per tile, of 2, the split-k tile alone, then the decode tiles
+    DECODE_REGIMES = (("cluster4", 0.25), ("cluster2", 0.75), ("tiny", 3.0))
 
     def __init__(
         self,
@@ -282,14 +288,14 @@ class MoeW4A16Op(_RegistryOp):
         super().__init__(registry, abi=abi, namespace=namespace)
 
     def regime(self, tokens: int, *, routes: int, experts: int, n: int, device: int) -> str:
-        """``tiny`` when a decode launch would have fewer 128-wide tiles (at most one per touched
-        expert) than :attr:`TINY_TILES_PER_SM` per SM, then ``decode``, ``mid`` or ``prefill``
-        by tokens."""
+        """For a decode batch, the first of :attr:`DECODE_REGIMES` whose bound the launch's
+        128-wide tiles per SM (at most one per touched expert) are under, else ``decode``;
+        ``mid`` or ``prefill`` by tokens above."""
         if tokens <= self.decode_tokens:
             if device not in self._sms:
                 self._sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
-            tiles = min(routes, experts) * (n // 128)
-            return "tiny" if tiles < self.TINY_TILES_PER_SM * self._sms[device] else "decode"
+            per_sm = min(routes, experts) * (n // 128) / self._sms[device]
+            return next((name for name, bound in self.DECODE_REGIMES if per_sm < bound), "decode")
         return "prefill" if tokens > self.prefill_tokens else "mid"
 
     def launches_for(
@@ -317,18 +323,7 @@ class MoeW4A16Op(_RegistryOp):
         regime = regime or self.regime(
             a.shape[0], routes=a.shape[0] * topk, experts=w.shape[0], n=w.shape[1], device=device
         )
-        tiles = [
-            {
-                **fixed,
-                "block_m": bm,
-                "tile_n": tn,
-                "tile_k": tk,
-                "stages": st,
-                "cta_threads": ct,
-                "split_k": sk,
-            }
-            for bm, tn, tk, st, ct, sk in self.TILES[regime]
-        ]
+        tiles = [{**fixed, **dict(zip(self.TILE_PARAMS, tile, strict=True))} for tile in self.TILES[regime]]
         gemm = self._launch((*fixed.values(), regime, device), device, tiles)
         block_m = gemm.entry.params["block_m"]
         pack_params = {
@@ -345,9 +340,10 @@ class MoeW4A16Op(_RegistryOp):
         self, a: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, topk: int, output_dtype: torch.dtype
     ) -> None:
         """Resolve and load the variants these inputs need (call before graph capture). A
-        decode-sized batch loads both decode regimes: any batch up to ``decode_tokens`` can
-        then be captured, whichever of the two it falls in."""
-        for regime in ("tiny", "decode") if a.shape[0] <= self.decode_tokens else (None,):
+        decode-sized batch loads every decode regime's: any batch up to ``decode_tokens`` can
+        then be captured, whichever regime it falls in."""
+        decode = (*(name for name, _ in self.DECODE_REGIMES), "decode")
+        for regime in decode if a.shape[0] <= self.decode_tokens else (None,):
             self.launches_for(a, w, scales, topk, output_dtype, regime)
 
     def _define(self) -> Any:

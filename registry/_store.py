@@ -197,7 +197,9 @@ class RegistryStore:
                 return self._initialise(create, blob_dir)
             except OperationalError as exc:
                 self.engine.dispose()  # drop the connection that saw the lock
-                if not (self.dialect == "sqlite" and "locked" in str(exc.orig) and time.monotonic() < deadline):
+                if not (
+                    self.dialect == "sqlite" and "locked" in str(exc.orig) and time.monotonic() < deadline
+                ):
                     raise RegistryNotFound(f"cannot open registry {self.display}: {exc.orig}") from None
                 time.sleep(pause)
                 pause = min(pause * 2, 0.5)

@@ -24,7 +24,10 @@ FULL = ROOT / "tests" / "specs" / "moe_w4a16_full.yaml"
 TILES = ROOT / "benchmarks" / "specs" / "bench_w4a16_tiles.yaml"
 PACK_TILES = ROOT / "benchmarks" / "specs" / "bench_route_pack_tiles.yaml"
 # Three decode variants per arch that differ only in cta_threads, plus their route packer.
-SUBSET = ("element=bf16", "output=bf16", "n=256", "block_m=16", "group=128", "e_cap=256", "w_layout=nk")
+SUBSET = (
+    *("element=bf16", "output=bf16", "n=256", "block_m=16", "group=128", "e_cap=256", "w_layout=nk"),
+    *("split_k=1", "k_ctas=1"),
+)
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +174,7 @@ def test_the_torch_ops_tiles_are_ones_the_spec_builds() -> None:
     pytest.importorskip("torch")
     from b12x_aot.loader.torch_ops import MoeW4A16Op
 
-    keys = ("block_m", "tile_n", "tile_k", "stages", "cta_threads", "split_k")
+    keys = MoeW4A16Op.TILE_PARAMS
     accepted, _ = expand(load_spec(W4A16), archs=["sm_90a"])
     built: dict[tuple, set[tuple]] = {}
     for v in accepted:

@@ -125,10 +125,13 @@ def test_graph_replay_with_new_inputs_equals_eager(gpu_registry, device_arch: st
 
 
 def test_split_k_variants_are_deterministic_and_replay_in_graphs(gpu_registry, device_arch: str) -> None:
-    # k-parts add their sums in a fixed order: the same inputs give the same bits, launch to launch.
+    # k-parts (and a cluster's CTAs) add their sums in a fixed order: the same inputs give the
+    # same bits, launch to launch.
     gen = torch.Generator(device="cuda").manual_seed(17)
     split = [
-        e for e in family_variants(gpu_registry, "moe.w4a16", device_arch) if e.params.get("split_k", 1) > 1
+        e
+        for e in family_variants(gpu_registry, "moe.w4a16", device_arch)
+        if e.params.get("split_k", 1) > 1 or e.params.get("k_ctas", 1) > 1
     ]
     if not split:
         pytest.skip("no split-k variant in this registry")

@@ -34,3 +34,37 @@ def driver(monkeypatch: pytest.MonkeyPatch) -> RecordingDriver:
     recorder = RecordingDriver()
     monkeypatch.setattr(cu, "cuLaunchKernel", recorder)
     return recorder
+
+
+class RecordingClusterDriver:
+    """Stands in for cuLaunchKernelEx: records each call's grid, block, shared memory, stream
+    and cluster size, read from its launch config."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __call__(self, config, func, argv, extra):
+        from cuda.bindings import driver as cu
+
+        (attr,) = config.attrs[: config.numAttrs]
+        assert attr.id == cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        cluster = attr.value.clusterDim
+        self.calls.append(
+            (
+                (config.gridDimX, config.gridDimY, config.gridDimZ),
+                (config.blockDimX, config.blockDimY, config.blockDimZ),
+                config.sharedMemBytes,
+                int(config.hStream),
+                (cluster.x, cluster.y, cluster.z),
+            )
+        )
+        return (cu.CUresult.CUDA_SUCCESS,)
+
+
+@pytest.fixture
+def cluster_driver(monkeypatch: pytest.MonkeyPatch) -> RecordingClusterDriver:
+    from cuda.bindings import driver as cu
+
+    recorder = RecordingClusterDriver()
+    monkeypatch.setattr(cu, "cuLaunchKernelEx", recorder)
+    return recorder

@@ -30,7 +30,7 @@ from b12x_aot.loader import (
 )
 
 from ..conftest import SPECS
-from .conftest import RecordingDriver
+from .conftest import RecordingClusterDriver, RecordingDriver
 
 torch = pytest.importorskip("torch")
 
@@ -357,3 +357,34 @@ def test_corners_raise_launch_argument_errors(driver: RecordingDriver) -> None:
     with pytest.raises(LaunchArgumentError, match="grid"):
         tall.checked(65536)
     assert len(driver.calls) == 4
+
+
+def test_a_cluster_variant_launches_with_its_cluster_size(
+    driver: RecordingDriver, cluster_driver: RecordingClusterDriver
+) -> None:
+    # The DSL's cubins carry no cluster size: a variant with clusters of several CTAs goes
+    # through cuLaunchKernelEx with it; its one-CTA twin (a cluster of 1) the plain way.
+    pick, _ = FAMILIES["moe_w4a16.yaml"]
+    pick = {**pick, "n": 256, "tile_n": 64, "cta_threads": 128, "split_k": 2, "w_layout": "n64k128"}
+    for tokens in (1, 5, 40):
+        for ctas in (4, 1):
+            launch = PreparedLaunch(entry_for("moe_w4a16.yaml", {**pick, "k_ctas": ctas}), 0, None, 7)
+            assert (launch.entry.static.cluster is None) == (ctas == 1)
+            args = good_call(launch, num_tokens=tokens)
+            scalars = {a.name: v for a, v in zip(launch.args, args, strict=True) if not a.is_pointer}
+            grid = launch.entry.geometry.grid_of({**launch.entry.params, **scalars})
+            before = len(driver.calls), len(cluster_driver.calls)
+            for call in (launch, launch.checked):
+                call(*args)
+            if ctas == 1:
+                assert len(cluster_driver.calls) == before[1]
+                assert [c[:4] for c in driver.calls[before[0] :]] == [
+                    (grid, (128, 1, 1), launch.entry.static.smem, 7)
+                ] * 2
+                one_cta_grid = grid
+            else:
+                assert len(driver.calls) == before[0]
+                want = (grid, (128, 1, 1), launch.entry.static.smem, 7, (4, 1, 1))
+                assert cluster_driver.calls[before[1] :] == [want] * 2
+                cluster_grid = grid
+        assert cluster_grid == (one_cta_grid[0] * 4, *one_cta_grid[1:])  # 4 CTAs per block

@@ -75,35 +75,38 @@ def moe_op_and_weights(gpu_registry, namespace: str, seed: int, experts: int = E
     return register_moe_w4a16(gpu_registry, namespace=namespace), gen, w, s
 
 
+def moe_inputs(m: int, w, s, gen, experts: int = EXPERTS, dtype=torch.bfloat16) -> tuple:
+    """The op's tensors for ``m`` tokens: activations, ``w``, ``s`` and route ids, some of them
+    invalid (-1 and ``experts``)."""
+    a = torch.randn(m, K, device="cuda", generator=gen).to(dtype)
+    ids = torch.randint(-1, experts + 1, (m, TOPK), device="cuda", generator=gen, dtype=torch.int32)
+    return a, w, s, ids
+
+
+def check_moe(out: torch.Tensor, given: tuple, experts: int = EXPERTS) -> None:
+    """``out`` of the op on ``given`` (:func:`moe_inputs`) against the fp64 reference: relative
+    error under 1e-2, and invalid routes' rows exact zeros."""
+    a, w, s, ids = given
+    ref = moe_w4a16(
+        a.double(), ids, w, s, group=GROUP, num_experts=experts, e_cap=256, acc_dtype=torch.float64
+    )
+    torch.cuda.synchronize()
+    err = (out.double() - ref).norm() / ref.norm()
+    assert err < 1e-2, float(err)
+    invalid = (ids < 0) | (ids >= experts)
+    assert bool((out[invalid] == 0).all())
+
+
 def test_moe_w4a16_op_eager_graph_and_compile(gpu_registry) -> None:
     op, gen, w, s = moe_op_and_weights(gpu_registry, "b12x_test_moe", 8)
-    experts, k, group, topk = EXPERTS, K, GROUP, TOPK
-    dtype = torch.bfloat16
+    experts, topk, dtype = EXPERTS, TOPK, torch.bfloat16
     for m in (3, 600):  # a decode tile, then a prefill one
-
-        def inputs(m: int = m):
-            a = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
-            ids = torch.randint(-1, experts + 1, (m, topk), device="cuda", generator=gen, dtype=torch.int32)
-            return a, w, s, ids
-
-        args, fresh = inputs(), inputs()
+        args, fresh = moe_inputs(m, w, s, gen), moe_inputs(m, w, s, gen)
         op.preload(args[0], w, s, topk, dtype)
-
-        def check(out, given) -> None:
-            a, _, _, ids = given
-            ref = moe_w4a16(
-                a.double(), ids, w, s, group=group, num_experts=experts, e_cap=256, acc_dtype=torch.float64
-            )
-            torch.cuda.synchronize()
-            err = (out.double() - ref).norm() / ref.norm()
-            assert err < 1e-2, float(err)
-            invalid = (ids < 0) | (ids >= experts)
-            assert bool((out[invalid] == 0).all())
-
         _eager_graph_compiled(
-            lambda a, w_, s_, ids: op.op(a, w_, s_, ids, experts, dtype), args, fresh, check
+            lambda a, w_, s_, ids: op.op(a, w_, s_, ids, experts, dtype), args, fresh, check_moe
         )
-    a, _, _, ids = inputs(3)
+    a, _, _, ids = moe_inputs(3, w, s, gen)
     with pytest.raises(LaunchArgumentError, match="argument 'w'"):
         op(a, w[:, :, :-1].contiguous(), s, ids, experts, dtype)  # packed rows one byte short
     with pytest.raises(LaunchArgumentError, match="argument 'scales'"):
@@ -118,13 +121,13 @@ def test_moe_w4a16_preload_covers_every_decode_batch(gpu_registry) -> None:
 
     k, topk = K, TOPK
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    bound = MoeW4A16Op.TINY_TILES_PER_SM * sms
+    bound = int(MoeW4A16Op.DECODE_REGIMES[-1][1] * sms)  # 128-wide tiles below it: a split-k regime
     experts = -(-bound // (N // 128))
     if experts > 16 * topk or topk * (N // 128) >= bound:
         pytest.skip(f"no expert count puts 16 and 1 tokens in different regimes on {sms} SMs")
     op, gen, w, s = moe_op_and_weights(gpu_registry, "b12x_test_moe_preload", 9, experts)
     regimes = [op.regime(m, routes=m * topk, experts=experts, n=N, device=0) for m in (16, 1)]
-    assert regimes == ["decode", "tiny"]
+    assert regimes[0] == "decode" and regimes[1] in dict(MoeW4A16Op.DECODE_REGIMES), regimes
     dtype = torch.bfloat16
     op.preload(torch.zeros(16, k, device="cuda", dtype=dtype), w, s, topk, dtype)
     a = torch.randn(1, k, device="cuda", generator=gen).to(dtype)
@@ -139,6 +142,30 @@ def test_moe_w4a16_preload_covers_every_decode_batch(gpu_registry) -> None:
     eager = op.op(a, w, s, ids, experts, dtype)
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+def test_moe_w4a16_cluster_regimes_match_the_reference_eager_and_in_graphs(gpu_registry) -> None:
+    # A narrow shape (n 256) at 1 and 4 tokens has too few tiles to fill an H200's SMs: a
+    # cluster of CTAs splits each tile's k (4 and 2 CTAs), and the op still meets the reference.
+    from b12x_aot.loader.torch_ops import MoeW4A16Op, register_moe_w4a16
+
+    n, experts, dtype = 256, EXPERTS, torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    w, s = random_weights(experts, n, K, GROUP, dtype, device="cuda", generator=gen)
+    op = register_moe_w4a16(gpu_registry, namespace="b12x_test_moe_cluster")
+    clustered = 0
+    for m in (1, 4):
+        args, fresh = moe_inputs(m, w, s, gen), moe_inputs(m, w, s, gen)
+        regime = op.regime(m, routes=m * TOPK, experts=experts, n=n, device=0)
+        _, gemm = op.launches_for(args[0], w, s, TOPK, dtype)
+        want_ctas = dict(zip(MoeW4A16Op.TILE_PARAMS, MoeW4A16Op.TILES[regime][0], strict=True))["k_ctas"]
+        assert gemm.entry.params["k_ctas"] == want_ctas, (regime, gemm.entry.params)
+        clustered += want_ctas > 1
+        _eager_graph_compiled(
+            lambda a, w_, s_, ids: op.op(a, w_, s_, ids, experts, dtype), args, fresh, check_moe
+        )
+    if not clustered:
+        pytest.skip("this GPU's SM count puts neither batch in a cluster regime")
 
 
 def test_moe_w4a16_op_on_n64k128_weights_gives_the_nk_results(gpu_registry) -> None:
