@@ -12,9 +12,10 @@ written.
 
 The GEMM walks the blocks that ``moe.route_pack`` wrote into ``scratch`` (see
 :mod:`.route_pack` for the layout); it must be launched with the same ``num_tokens``. Grid:
-``(max_blocks, n / tile_n)``, read in launch order: CTA ``L = x + y * max_blocks`` computes
-the ``block_m x tile_n`` tile ``L % (n / tile_n)`` of block ``L // (n / tile_n)``, or fills its
-rows with zeros when the block is a zero-bucket block (or names an expert at or past
+``(max_blocks * k_ctas, n / tile_n)``, read in launch order: with ``x' = x // k_ctas``, CTA
+``L = x' + y * max_blocks`` computes the ``block_m x tile_n`` tile ``L % (n / tile_n)`` of
+block ``L // (n / tile_n)`` (its k share ``x % k_ctas``: see the cluster split below), or fills
+its rows with zeros when the block is a zero-bucket block (or names an expert at or past
 ``min(num_experts, e_cap)``); CTAs past the blocks used return at once.
 
 Per CTA: the block's ``tile_n x k / group`` scale slab is copied to shared memory once, then
@@ -26,7 +27,7 @@ in the k order of the cheaper dequant, see :mod:`._w4a16_mma`). The tensor-core 
 ``group % tile_k == 0``, where the exact int4 is the operand and each k-tile's fp32 partial sum
 takes its scale in fp32. Two k-loops, chosen by arch and params:
 
-- sm_90a tiles with ``tile_k == 64``, ``stages >= 3``, ``split_k == 1``, whole m64 chunks per
+- sm_90a tiles with ``tile_k == 64``, ``stages >= 3``, ``split_k == k_ctas == 1``, whole m64 chunks per
   warpgroup and a ring that can hold the output tile (its epilogue stages it there): ``wgmma``
   with the weights as the register operand (:mod:`._w4a16_wgmma`);
 - everything else, every arch: warp-level ``mma.sync`` (:mod:`._w4a16_mma`).
@@ -220,7 +221,10 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             ),
             (self.threads % self.qa, "part threads % (tile_k // 8) == 0"),
             (self.threads // max(self.qw, 1) % 8, "part threads // (tile_k // 32) % 8 == 0"),  # see issue()
-            (self.kt_count < stages or stages < 2, "2 <= stages <= k // tile_k // split_k"),
+            (self.kt_count < stages or stages < 2, "2 <= stages <= k // tile_k // (split_k * k_ctas)"),
+            # The rank is x % k_ctas and the reduction targets cluster rank 0: only a launch in
+            # clusters of exactly k_ctas CTAs along x sums every k share.
+            ((static.cluster or (1, 1, 1)) != (k_ctas, 1, 1), "launch.cluster == [k_ctas, 1, 1]"),
             # part 0 adds the other parts' sums from their rings' memory, KiB-aligned per part
             (
                 (split_k + k_ctas - 2) * tile_n * block_m * 4 > split_k * self.ring_bytes,

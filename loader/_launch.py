@@ -86,6 +86,9 @@ class PreparedLaunch:
     when torch was imported before :meth:`Kernel.prepare`, else the stream given to
     ``prepare``, else the legacy default stream. An empty grid launches nothing.
 
+    Not thread-safe: calls share the parameter buffer (and a cluster launch's config, which
+    holds the grid and stream); threads that launch concurrently each prepare their own.
+
     The plain call trusts its arguments: use it on hot paths whose inputs are already known to
     be right. :meth:`checked` first validates count, scalar kinds and ranges, the spec's launch
     requirements, and each pointer's dtype, device, contiguity, size (see ``_checks``) and

@@ -232,8 +232,8 @@ class MoeW4A16Op(_RegistryOp):
     tensors tells the two apart: weights in the other order give wrong results, not an error.
     The tile follows the batch: decode tiles (``block_m`` 16) for up to ``decode_tokens``
     tokens (split-k ones when the launch would have few tiles per SM: a few tokens route to
-    a handful of experts, or the shape is narrow; with fewer tiles than SMs, clusters of CTAs
-    split each tile's k too), prefill tiles above ``prefill_tokens``, mid
+    a handful of experts, or the shape is narrow; below 3/4 of a 128-wide tile per SM, clusters
+    of CTAs split each tile's k too), prefill tiles above ``prefill_tokens``, mid
     tiles between, each the first the registry holds in :attr:`TILES` order. Tiles sum in different fp32 orders, so a token's
     output bits can differ between batch sizes that pick different tiles (every tile meets the
     same accuracy bar); for one batch size they are always the same. The route-pack scratch

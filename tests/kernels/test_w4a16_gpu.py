@@ -18,6 +18,16 @@ ROWS = (1, 3, 7, 64, MAX_ROWS)
 TOL = {"fp32": 1e-4, "bf16": 1e-2, "fp16": 1e-2}  # relative Frobenius error vs fp64
 
 
+def _twins(entries, keep, **change) -> list[tuple]:
+    """``(entry, twin)`` for each entry whose params pass ``keep`` and whose twin, the same
+    params with ``change`` applied, is among ``entries`` too."""
+    by_params = {tuple(sorted(e.params.items())): e for e in entries}
+    pairs = [
+        (e, by_params.get(tuple(sorted({**e.params, **change}.items())))) for e in entries if keep(e.params)
+    ]
+    return [(e, twin) for e, twin in pairs if twin is not None]
+
+
 def _exact_operands(p: dict) -> bool:
     """Decode tiles scale fp32 partial sums of exact int4 products (kernels/w4a16.py)."""
     return p["block_m"] == 16 and p["group"] % p["tile_k"] == 0
@@ -149,6 +159,26 @@ def test_split_k_variants_are_deterministic_and_replay_in_graphs(gpu_registry, d
         replay_equals_eager(gpu_registry, device_arch, entry, gen)
 
 
+def test_cluster_variants_are_one_rounding_from_their_one_cta_twins(gpu_registry, device_arch: str) -> None:
+    # A cluster only moves k shares to other CTAs and adds the CTA sums in rank order: each
+    # output sums the same products as the one-CTA variant, in another fp32 association.
+    gen = torch.Generator(device="cuda").manual_seed(23)
+    entries = family_variants(gpu_registry, "moe.w4a16", device_arch)
+    pairs = _twins(entries, lambda p: p.get("k_ctas", 1) > 1, k_ctas=1)
+    if not pairs:
+        pytest.skip("no cluster variant with a one-CTA twin in this registry")
+    for many, one in pairs:
+        p = dict(one.params)
+        pack = route_pack_for(gpu_registry, device_arch, p)
+        for m in (1, 5, 40):
+            a = Case(p, m, gen, pack)
+            a.launch(pack, prepared(gpu_registry, one))
+            b = a.twin()
+            b.launch(pack, prepared(gpu_registry, many))
+            torch.cuda.synchronize()
+            assert one_rounding_apart(b.out, a.out), f"k_ctas {many.params['k_ctas']} vs 1: {p} m={m}"
+
+
 def test_variants_differing_only_in_cta_threads_are_bit_identical(gpu_registry, device_arch: str) -> None:
     # CTA size is a scheduling choice: 256 vs 512 threads (mma.sync decode tiles) and 128 vs 256
     # vs 512 (wgmma tiles, one warpgroup per m64 chunk or several) must give the same bits.
@@ -181,13 +211,7 @@ def test_weight_layouts_give_the_same_results(gpu_registry, device_arch: str) ->
     # sum other k's per MMA step in each order: their outputs are one rounding apart at most.
     gen = torch.Generator(device="cuda").manual_seed(21)
     entries = family_variants(gpu_registry, "moe.w4a16", device_arch)
-    by_params = {tuple(sorted(e.params.items())): e for e in entries}
-    pairs = [
-        (e, by_params.get(tuple(sorted({**e.params, "w_layout": "nk"}.items()))))
-        for e in entries
-        if e.params.get("w_layout") == "n64k128"
-    ]
-    pairs = [(atoms, rows) for atoms, rows in pairs if rows is not None]
+    pairs = _twins(entries, lambda p: p.get("w_layout") == "n64k128", w_layout="nk")
     if not pairs:
         pytest.skip("no variant is built in both weight layouts")
     for atoms, rows in pairs:

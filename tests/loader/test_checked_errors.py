@@ -39,7 +39,10 @@ FAMILIES: dict[str, tuple[dict[str, Any], dict[str, int]]] = {
     "moe_topk_sum.yaml": ({"element": "bf16", "output": "fp32", "topk": 8, "hidden": 7168}, {}),
     "quant_mxfp8.yaml": ({"dtype": "fp16", "K": 2048, "rounding": "floor"}, {}),
     "moe_route_pack.yaml": ({"block_m": 16}, {}),
-    "moe_w4a16.yaml": ({"element": "bf16", "output": "bf16", "n": 2048, "k": 7168, "block_m": 16}, {}),
+    "moe_w4a16.yaml": (
+        {"element": "bf16", "output": "bf16", "n": 2048, "k": 7168, "block_m": 16, "split_k": 1, "k_ctas": 1},
+        {},
+    ),
     "comm_allreduce.yaml": ({"dtype": "bf16", "world": 4, "algorithm": "twoshot", "transport": "push"}, {}),
 }
 SCALARS = {"num_tokens": 5, "num_experts": 64, "num_rows": 3, "rank": 1, "num_elements": 64, "capacity": 1024}
@@ -366,7 +369,7 @@ def test_a_cluster_variant_launches_with_its_cluster_size(
     # through cuLaunchKernelEx with it; its one-CTA twin (a cluster of 1) the plain way.
     pick, _ = FAMILIES["moe_w4a16.yaml"]
     pick = {**pick, "n": 256, "tile_n": 64, "cta_threads": 128, "split_k": 2, "w_layout": "n64k128"}
-    for tokens in (1, 5, 40):
+    for tokens in (0, 1, 5, 40):
         for ctas in (4, 1):
             launch = PreparedLaunch(entry_for("moe_w4a16.yaml", {**pick, "k_ctas": ctas}), 0, None, 7)
             assert (launch.entry.static.cluster is None) == (ctas == 1)
@@ -376,6 +379,9 @@ def test_a_cluster_variant_launches_with_its_cluster_size(
             before = len(driver.calls), len(cluster_driver.calls)
             for call in (launch, launch.checked):
                 call(*args)
+            if tokens == 0:  # an empty grid launches nothing, either way
+                assert (len(driver.calls), len(cluster_driver.calls)) == before
+                continue
             if ctas == 1:
                 assert len(cluster_driver.calls) == before[1]
                 assert [c[:4] for c in driver.calls[before[0] :]] == [
@@ -387,4 +393,5 @@ def test_a_cluster_variant_launches_with_its_cluster_size(
                 want = (grid, (128, 1, 1), launch.entry.static.smem, 7, (4, 1, 1))
                 assert cluster_driver.calls[before[1] :] == [want] * 2
                 cluster_grid = grid
-        assert cluster_grid == (one_cta_grid[0] * 4, *one_cta_grid[1:])  # 4 CTAs per block
+        if tokens:
+            assert cluster_grid == (one_cta_grid[0] * 4, *one_cta_grid[1:])  # 4 CTAs per block

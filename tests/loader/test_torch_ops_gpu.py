@@ -147,12 +147,15 @@ def test_moe_w4a16_preload_covers_every_decode_batch(gpu_registry) -> None:
 def test_moe_w4a16_cluster_regimes_match_the_reference_eager_and_in_graphs(gpu_registry) -> None:
     # A narrow shape (n 256) at 1 and 4 tokens has too few tiles to fill an H200's SMs: a
     # cluster of CTAs splits each tile's k (4 and 2 CTAs), and the op still meets the reference.
+    # A preload at 16 tokens covers both: nothing loads after it.
     from b12x_aot.loader.torch_ops import MoeW4A16Op, register_moe_w4a16
 
     n, experts, dtype = 256, EXPERTS, torch.bfloat16
     gen = torch.Generator(device="cuda").manual_seed(12)
     w, s = random_weights(experts, n, K, GROUP, dtype, device="cuda", generator=gen)
     op = register_moe_w4a16(gpu_registry, namespace="b12x_test_moe_cluster")
+    op.preload(torch.zeros(16, K, device="cuda", dtype=dtype), w, s, TOPK, dtype)
+    loads = gpu_registry.stats.loads
     clustered = 0
     for m in (1, 4):
         args, fresh = moe_inputs(m, w, s, gen), moe_inputs(m, w, s, gen)
@@ -164,13 +167,14 @@ def test_moe_w4a16_cluster_regimes_match_the_reference_eager_and_in_graphs(gpu_r
         _eager_graph_compiled(
             lambda a, w_, s_, ids: op.op(a, w_, s_, ids, experts, dtype), args, fresh, check_moe
         )
+    assert gpu_registry.stats.loads == loads, "a variant was loaded after the preload"
     if not clustered:
         pytest.skip("this GPU's SM count puts neither batch in a cluster regime")
 
 
 def test_moe_w4a16_op_on_n64k128_weights_gives_the_nk_results(gpu_registry) -> None:
     # The op built for atom-ordered weights picks the same tiles at 1, 16 and 512 tokens (on an
-    # H200: the split-k, a decode and a prefill tile). The prefill tile gives the same bits;
+    # H200: the four-part split-k, the two-part split-k decode and a prefill tile). The prefill tile gives the same bits;
     # decode tiles sum other k's per MMA step in each order, so their fp32 sums may differ in
     # the last bits: at most one bf16 rounding step apart.
     from b12x_aot.loader.torch_ops import register_moe_w4a16, w4a16_weights
