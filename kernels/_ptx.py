@@ -21,6 +21,7 @@ __all__ = [
     "atom_cas_relaxed_sys_b32",
     "bar_red_or",
     "bf16x2_to_f32",
+    "cp_async_4",
     "cp_async_16_l2_256",
     "cvt_rn_bf16x2_f32",
     "cvt_rn_f16x2_f32",
@@ -94,6 +95,15 @@ def cp_async_16_l2_256(dst: Int32, src: Int64, *, loc=None, ip=None) -> None:
     values = [Int32(dst).ir_value(loc=loc, ip=ip), Int64(src).ir_value(loc=loc, ip=ip)]
     ptx = "cp.async.cg.shared.global.L2::256B [$0], [$1], 16;"
     _asm(None, values, ptx, "r,l,~{memory}", pure=False, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def cp_async_4(dst: Int32, src: Int64, *, loc=None, ip=None) -> None:
+    """4-byte ``cp.async.ca`` from global ``src`` to shared ``dst``."""
+    values = [Int32(dst).ir_value(loc=loc, ip=ip), Int64(src).ir_value(loc=loc, ip=ip)]
+    _asm(
+        None, values, "cp.async.ca.shared.global [$0], [$1], 4;", "r,l,~{memory}", pure=False, loc=loc, ip=ip
+    )
 
 
 @dsl_user_op

@@ -17,8 +17,9 @@ others' in rank order.
   k-tile ahead: a block holds few real rows) and stored row-interleaved, so one
   ``ld.shared.v4`` is an A fragment. That is for ``nk`` weights; ``n64k128`` weights are in lane
   order (:mod:`b12x_aot.loader.w4a16_layout`): the lane's 8 bytes hold its k's of the natural
-  MMA slots as (k, k + 1) pairs, still one shift each, and the activation words are stored
-  unpaired, and the MMA roles swap (:meth:`MmaSyncMainloop.compute_swapped`; a warp must hold
+  MMA slots as (k, k + 1) pairs, still one shift each, the activation words need no pairing
+  (each goes unchanged to its lane's place by a 4-byte ``cp.async``, in the k-tile's commit
+  group with the weights), and the MMA roles swap (:meth:`MmaSyncMainloop.compute_swapped`; a warp must hold
   whole m16 atoms of weight rows, ``tile_n / warps`` a multiple of 16): dequantized weights
   are A, the block's tokens B, and a block of at most 8 real rows (most decode blocks)
   takes one n8 token atom, half the MMAs; each output element still sums the same products in
@@ -182,8 +183,9 @@ class MmaSyncMainloop:
     @cute.jit
     def stage_rows(self, kt: Int32, staged, g_a, a_src):
         """Load this thread's 16-byte pieces of k-tile ``kt``'s activation rows into ``staged``
-        (interleaved tiles: :meth:`pair_rows` stores them one k-tile later, so in the k-loop the
-        load's latency hides behind a k-tile of MMAs; the prologue waits for its two)."""
+        (interleaved ``nk`` tiles: :meth:`pair_rows` stores them one k-tile later, so in the
+        k-loop the load's latency hides behind a k-tile of MMAs; the prologue waits for its
+        two)."""
         for i in cutlass.range_constexpr(self.ra):
             if a_src[i] >= 0:
                 cute.autovec_copy(g_a[None, a_src[i] + kt * self.qa], staged[None, i])
@@ -191,24 +193,19 @@ class MmaSyncMainloop:
     @cute.jit
     def pair_rows(self, slot: Int32, staged, s_a, a_src, tid: Int32):
         """Store the staged activation pieces into ring slot ``slot``, interleaved, in the k
-        order of the weights (see :meth:`compute_interleaved`).
+        order of the ``nk`` weights (see :meth:`compute_interleaved`).
 
-        Piece ``q`` of row ``r`` is k ``[8q, 8q + 8)``, words ``x0..x3``. For ``nk`` weights its
-        operand words are ``(k + s, k + s + 4)`` for ``s < 4``, one ``prmt`` each, stored where
-        :meth:`a_word` says. For ``n64k128`` they are the words themselves, stored where
-        :meth:`a_lane_word` says.
+        Piece ``q`` of row ``r`` is k ``[8q, 8q + 8)``, words ``x0..x3``; its operand words are
+        ``(k + s, k + s + 4)`` for ``s < 4``, one ``prmt`` each, stored where :meth:`a_word`
+        says. (``n64k128`` tiles need no pairing: ``issue`` copies each word straight to
+        :meth:`a_lane_word`.)
         """
         for i in cutlass.range_constexpr(self.ra):
             r, q = self.a_piece(tid, i)
             if a_src[i] >= 0:
                 for s in cutlass.range_constexpr(4):
-                    if cutlass.const_expr(self.atoms):
-                        s_a[self.a_lane_word(slot, r, q, s)] = staged[s, i]  # word s: lane s's
-                    else:
-                        word = prmt(
-                            staged[s // 2, i], staged[s // 2 + 2, i], 0x5410 if s % 2 == 0 else 0x7632
-                        )
-                        s_a[self.a_word(slot, r, q, s)] = word
+                    word = prmt(staged[s // 2, i], staged[s // 2 + 2, i], 0x5410 if s % 2 == 0 else 0x7632)
+                    s_a[self.a_word(slot, r, q, s)] = word
 
     def a_rows_at(self, slot, atom, g, per_unit: int = 1):
         """Where rows ``g`` and ``g + 8`` of m16 atom ``atom`` start in ring slot ``slot`` of the
@@ -237,8 +234,8 @@ class MmaSyncMainloop:
         return self.a_rows_at(slot, r // 16, g, per_unit=4) + within + self.a_unit(q // 2, s, g) * 4
 
     def a_lane_word(self, slot, r, q, lane: int):
-        """Where :meth:`pair_rows` stores word ``lane`` of piece ``q`` of row ``r`` for
-        ``n64k128`` weights, in 32-bit words. It holds k ``8q + 2 lane`` and ``+ 1``: lane
+        """Where the ``n64k128`` copies of ``issue`` put word ``lane`` of piece ``q`` of row
+        ``r``, in 32-bit words. It holds k ``8q + 2 lane`` and ``+ 1``: lane
         ``lane``'s k-half ``q % 2`` of MMA step ``(q // 2) % 4`` in 64-wide chunk ``q // 8``
         (k ``64j + 16s + 8e + 2c``), so it goes where :meth:`a_word` puts that lane's piece of
         that step."""

@@ -21,8 +21,9 @@ its rows with zeros when the block is a zero-bucket block (or names an expert at
 Per CTA: the block's ``tile_n x k / group`` scale slab is copied to shared memory once, then
 ``block_m x tile_k`` activation rows (gathered by route, padding rows skipped) and the
 ``tile_n x tile_k / 2`` packed weights stream through a ``stages``-deep ``cp.async`` ring
-(decode tiles load their few activation rows into registers one k-tile ahead and store them
-in the k order of the cheaper dequant, see :mod:`._w4a16_mma`). The tensor-core operand is
+(decode tiles on ``nk`` weights load their few activation rows into registers one k-tile ahead
+and store them in the k order of the cheaper dequant; on ``n64k128`` each 4-byte word is copied
+straight to its MMA lane's place; see :mod:`._w4a16_mma`). The tensor-core operand is
 ``round_to_activation_dtype(int4 * s)`` (:mod:`._w4a16_dequant`), except on decode tiles with
 ``group % tile_k == 0``, where the exact int4 is the operand and each k-tile's fp32 partial sum
 takes its scale in fp32. Two k-loops, chosen by arch and params:
@@ -64,7 +65,7 @@ from b12x_aot.loader import cdiv
 from b12x_aot.loader.w4a16_layout import ATOM_K, BAND, WEIGHT_LAYOUTS
 
 from ._base import AotKernel, dsl_dtype
-from ._ptx import cp_async_16_l2_256
+from ._ptx import cp_async_4, cp_async_16_l2_256
 from ._w4a16_dequant import DTYPES
 from ._w4a16_mma import MmaSyncMainloop
 from ._w4a16_wgmma import WgmmaMainloop
@@ -167,9 +168,9 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         self.ring_bytes = ring_bytes(block_m=block_m, tile_n=tile_n, tile_k=tile_k, stages=stages)
         self.ra = cdiv(block_m, max(self.threads // self.qa, 1))  # activation rows per thread
         # Decode blocks mostly hold one or two real rows: their few activation pieces can afford
-        # a pass through registers, which orders k's the way the weight dequant takes them (nk:
-        # k, k + 4 pairs) and stores register-move-free MMA fragments. Bigger blocks copy 16
-        # bytes straight to shared memory.
+        # a pass through registers (nk: k, k + 4 pairs, the way the weight dequant takes them)
+        # or 4-byte copies (n64k128), each landing as register-move-free MMA fragments. Bigger
+        # blocks copy 16 bytes straight to shared memory.
         self.interleave = block_m == 16
         # Each lane loads its own 8 bytes of a weight row per 64-wide k-chunk (w_lane_piece):
         # decode tiles' 16 contiguous k's, or the k's n64k128's lane order gathers there. Other
@@ -311,9 +312,18 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
     @cute.jit
     def issue(self, kt: Int32, slot: Int32, atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, tid: Int32):
         """Fill ring slot ``slot`` with k-tile ``kt``: ``cp.async`` copies, except the activations
-        of interleaved tiles, which ``staged`` holds (and then loads k-tile ``kt + 1`` into)."""
+        of interleaved ``nk`` tiles, which ``staged`` holds (and then loads k-tile ``kt + 1``
+        into). Interleaved ``n64k128`` tiles copy each activation word unchanged to its lane's
+        place (:meth:`a_lane_word`) by a 4-byte ``cp.async``, in the k-tile's commit group."""
         qa, qw = self.qa, self.qw
-        if cutlass.const_expr(self.interleave):
+        if cutlass.const_expr(self.interleave and self.atoms):
+            for i in cutlass.range_constexpr(self.ra):
+                r, q = self.a_piece(tid, i)
+                if a_src[i] >= 0:
+                    src = g_a[None, a_src[i] + kt * qa].iterator.toint()
+                    for s in cutlass.range_constexpr(4):
+                        cp_async_4((s_a.iterator + self.a_lane_word(slot, r, q, s)).toint(), src + 4 * s)
+        elif cutlass.const_expr(self.interleave):
             # Only warps over real rows take this branch: decode blocks mostly hold one or two.
             top = a_src[0]
             for i in cutlass.range_constexpr(1, self.ra):
@@ -455,8 +465,8 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 route = sc[rows + r]
                 if route >= 0:
                     a_src[i] = (route // self.topk) * (self.k // 8) + q
-        staged = None  # interleaved tiles' next activation pieces
-        if cutlass.const_expr(self.interleave):
+        staged = None  # interleaved nk tiles' next activation pieces
+        if cutlass.const_expr(self.interleave and not self.atoms):
             staged = cute.make_rmem_tensor((4, ra), Uint32)
             self.stage_rows(k0, staged, g_a, a_src)
         row0 = expert * self.n + nt * tn
