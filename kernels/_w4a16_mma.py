@@ -119,25 +119,37 @@ class MmaSyncMainloop:
         else:
             cute.arch.barrier(barrier_id=part + 1, number_of_threads=self.threads)
 
+    def sum_word(self, shape: tuple, first: int, i, e: int, tid):
+        """Word ``e`` of stored sum ``i`` (a k-part's or a CTA's, counted from 0) past word
+        ``first`` of the sums area: each sum is ``count * threads`` words, lanes consecutive, so
+        a thread's accumulators meet the same thread's of every other part or CTA."""
+        return first + (i * (shape[0] * shape[1] * shape[2]) + e) * self.threads + tid
+
+    @cute.jit
+    def add_sums(self, acc, shape: cutlass.Constexpr[tuple], smem, first: int, total: int, tid: Int32):
+        """``acc`` (of ``shape``) += stored sums ``0 .. total - 1`` past word ``first`` of
+        ``smem``, in that order."""
+        count = shape[0] * shape[1] * shape[2]
+        sums = self.tensor(cute.recast_ptr(smem, dtype=Float32), first + total * count * self.threads)
+        for i in cutlass.range_constexpr(total):
+            for e in cutlass.range_constexpr(count):
+                at = _unravel(e, shape)
+                acc[at] = acc[at] + sums[self.sum_word(shape, first, i, e, tid)]
+
     @cute.jit
     def add_parts(self, acc, shape: cutlass.Constexpr[tuple], part: Int32, tid: Int32, smem):
         """Part 0's accumulators (of ``shape``) += part 1's, part 2's, ..., in that order, through
-        shared memory (the drained rings): a thread's accumulators match the same thread's of
-        every part."""
+        shared memory (the drained rings)."""
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
         count = shape[0] * shape[1] * shape[2]
-        # Word e of part p's sums at ((p - 1) * count + e) * threads + tid: lanes consecutive.
         sums = self.tensor(cute.recast_ptr(smem, dtype=Float32), (self.split - 1) * count * self.threads)
         if part > 0:
             for e in cutlass.range_constexpr(count):
-                sums[((part - 1) * count + e) * self.threads + tid] = acc[_unravel(e, shape)]
+                sums[self.sum_word(shape, 0, part - 1, e, tid)] = acc[_unravel(e, shape)]
         cute.arch.sync_threads()
         if part == 0:
-            for p in cutlass.range_constexpr(1, self.split):
-                for e in cutlass.range_constexpr(count):
-                    at = _unravel(e, shape)
-                    acc[at] = acc[at] + sums[((p - 1) * count + e) * self.threads + tid]
+            self.add_sums(acc, shape, smem, 0, self.split - 1, tid)
 
     @cute.jit
     def add_ctas(self, acc, shape: cutlass.Constexpr[tuple], part: Int32, rank: Int32, tid: Int32, smem):
@@ -150,19 +162,13 @@ class MmaSyncMainloop:
         count = shape[0] * shape[1] * shape[2]
         first = (self.split - 1) * count * self.threads  # word past the parts' sums
         if part == 0 and rank > 0:
-            at = smem.toint() + (first + (rank - 1) * count * self.threads + tid) * 4
+            at = smem.toint() + self.sum_word(shape, first, rank - 1, 0, tid) * 4  # word 0; e follows
             for e in cutlass.range_constexpr(count):
                 st_cluster_f32(at + e * self.threads * 4, Int32(0), acc[_unravel(e, shape)])
         cute.arch.cluster_arrive()
         cute.arch.cluster_wait()
         if part == 0 and rank == 0:
-            sums = self.tensor(
-                cute.recast_ptr(smem, dtype=Float32), first + (self.k_ctas - 1) * count * self.threads
-            )
-            for r in cutlass.range_constexpr(1, self.k_ctas):
-                for e in cutlass.range_constexpr(count):
-                    at = _unravel(e, shape)
-                    acc[at] = acc[at] + sums[first + ((r - 1) * count + e) * self.threads + tid]
+            self.add_sums(acc, shape, smem, first, self.k_ctas - 1, tid)
 
     @cute.jit
     def store_mma(self, m_out, sc, rows: Int32, nt: Int32, acc, warp: Int32, g: Int32, c: Int32):

@@ -418,8 +418,9 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             base = smem + cute.assume(part * self.ring_bytes, divby=1024)  # keeps the alignment
         k0 = (rank * self.split + part) * self.kt_count  # the part's first k-tile
         # Activations. Interleaved (block_m 16): one MMA A fragment (swapped: the B fragments
-        # of both token atoms) per 16-byte unit, in the weights' k order (see pair_rows),
-        # stored from registers and read by one ld.shared.v4 per MMA step.
+        # of both token atoms) per 16-byte unit, in the weights' k order (nk: paired in
+        # registers, see pair_rows; n64k128: 4-byte copies, see issue), read by one
+        # ld.shared.v4 per MMA step.
         # Otherwise plain rows of 16-byte chunks (chunk q at q ^ (row % 8)), filled by
         # 16-byte cp.async and read by ldmatrix (conflict-free thanks to the swizzle).
         # Weights: per 64-wide k-chunk, 32 bytes per row n, its 16-byte halves swapped when

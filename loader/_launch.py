@@ -39,26 +39,21 @@ def __call__(self, {sig}*, stream=None):
         raise diagnose(({sig}), exc) from None
 {args}{launch}"""
 
+# The lines from the grid guard to the driver call; {call} is one of the two below.
 _LAUNCH = """\
 {guard}    if stream is None:
 {default_stream}    elif stream.__class__ is not CUstream:
         stream = as_stream(stream)
-    result = launch(func, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, {smem}, stream, argv, 0)
-    if result[0] is not SUCCESS:
+{call}    if result[0] is not SUCCESS:
         failed(result)
 """
-
+_PLAIN_CALL = "    result = launch(func, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, {smem}, stream, argv, 0)\n"
 # A variant with a cluster launches through cuLaunchKernelEx: the DSL's cubins carry no
 # compile-time cluster size, so it goes in a launch attribute, on a config bound once.
-_CLUSTER_LAUNCH = """\
-{guard}    if stream is None:
-{default_stream}    elif stream.__class__ is not CUstream:
-        stream = as_stream(stream)
-    config.gridDimX, config.gridDimY, config.gridDimZ, config.hStream = {gx}, {gy}, {gz}, stream
-    result = launch_ex(config, func, argv, 0)
-    if result[0] is not SUCCESS:
-        failed(result)
-"""
+_CLUSTER_CALL = (
+    "    config.gridDimX, config.gridDimY, config.gridDimZ, config.hStream = {gx}, {gy}, {gz}, stream\n"
+    "    result = launch_ex(config, func, argv, 0)\n"
+)
 
 
 class _StreamCache:
@@ -140,9 +135,7 @@ class PreparedLaunch:
         def tail(dims: list[str]) -> str:
             """The lines from the grid to the driver call, for either generated function."""
             varying = ["0"] if "0" in dims else [d for d in dims if not d.isdigit()]
-            return (_LAUNCH if entry.static.cluster is None else _CLUSTER_LAUNCH).format(
-                guard=f"    if not ({' and '.join(varying)}):\n        return\n" if varying else "",
-                default_stream=default_stream,
+            call = (_PLAIN_CALL if entry.static.cluster is None else _CLUSTER_CALL).format(
                 gx=dims[0],
                 gy=dims[1],
                 gz=dims[2],
@@ -150,6 +143,11 @@ class PreparedLaunch:
                 by=entry.static.block[1],
                 bz=entry.static.block[2],
                 smem=entry.static.smem,
+            )
+            return _LAUNCH.format(
+                guard=f"    if not ({' and '.join(varying)}):\n        return\n" if varying else "",
+                default_stream=default_stream,
+                call=call,
             )
 
         call = Codegen(entry, env)
