@@ -23,6 +23,7 @@ __all__ = [
     "bf16x2_to_f32",
     "cp_async_4",
     "cp_async_16_l2_256",
+    "cp_async_bulk_g2s",
     "cvt_rn_bf16x2_f32",
     "cvt_rn_f16x2_f32",
     "f16x2_to_f32",
@@ -104,6 +105,17 @@ def cp_async_4(dst: Int32, src: Int64, *, loc=None, ip=None) -> None:
     _asm(
         None, values, "cp.async.ca.shared.global [$0], [$1], 4;", "r,l,~{memory}", pure=False, loc=loc, ip=ip
     )
+
+
+@dsl_user_op
+def cp_async_bulk_g2s(dst: Int32, src: Int64, size: int, mbar: Int32, *, loc=None, ip=None) -> None:
+    """``cp.async.bulk`` of ``size`` contiguous bytes (a multiple of 16) from global ``src`` to
+    this CTA's shared ``dst``, completing as ``size`` transaction bytes on the mbarrier at
+    shared ``mbar``."""
+    values = [Int32(dst).ir_value(loc=loc, ip=ip), Int64(src).ir_value(loc=loc, ip=ip)]
+    values.append(Int32(mbar).ir_value(loc=loc, ip=ip))
+    ptx = f"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], {size}, [$2];"
+    _asm(None, values, ptx, "r,l,r,~{memory}", pure=False, loc=loc, ip=ip)
 
 
 @dsl_user_op

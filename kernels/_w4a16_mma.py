@@ -102,6 +102,8 @@ class MmaSyncMainloop:
             if nxt < self.kt_count:
                 self.issue(k0 + nxt, nxt % stages, *copies, tid)
             cute.arch.cp_async_commit_group()
+            if cutlass.const_expr(self.bulk):  # k-tile i's weights: on its slot's mbarrier
+                cute.arch.mbarrier_wait(copies[-1] + i % stages, (i // stages) % 2)
             if cutlass.const_expr(self.swapped):
                 self.compute_swapped(
                     k0 + i, i % stages, acc, s_a32, s_wv, (s_s16, s_se), mma, warp, g, c, ntok

@@ -23,7 +23,12 @@ Per CTA: the block's ``tile_n x k / group`` scale slab is copied to shared memor
 ``tile_n x tile_k / 2`` packed weights stream through a ``stages``-deep ``cp.async`` ring
 (decode tiles on ``nk`` weights load their few activation rows into registers one k-tile ahead
 and store them in the k order of the cheaper dequant; on ``n64k128`` each 4-byte word is copied
-straight to its MMA lane's place; see :mod:`._w4a16_mma`). The tensor-core operand is
+straight to its MMA lane's place; see :mod:`._w4a16_mma`). With ``w_copy == "bulk"`` (``n64k128``
+decode tiles, ``tile_k`` 128) a k-tile's weights are whole atoms, one contiguous 4 KiB per 64-row
+band: one thread of the k-part copies each by ``cp.async.bulk`` onto the slot's mbarrier, which
+the part waits on before computing it; the compute reads the atom in its global order. Fewer
+instructions and no per-thread 16-byte requests: faster where several CTAs share each SM,
+slower (the bulk copy's longer latency) where a launch has a few CTAs per SM. The tensor-core operand is
 ``round_to_activation_dtype(int4 * s)`` (:mod:`._w4a16_dequant`), except on decode tiles with
 ``group % tile_k == 0``, where the exact int4 is the operand and each k-tile's fp32 partial sum
 takes its scale in fp32. Two k-loops, chosen by arch and params:
@@ -59,13 +64,13 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Uint8, Uint16, Uint32
+from cutlass import Float32, Int32, Int64, Uint8, Uint16, Uint32
 
 from b12x_aot.loader import cdiv
 from b12x_aot.loader.w4a16_layout import ATOM_K, BAND, WEIGHT_LAYOUTS
 
 from ._base import AotKernel, dsl_dtype
-from ._ptx import cp_async_4, cp_async_16_l2_256
+from ._ptx import cp_async_4, cp_async_16_l2_256, cp_async_bulk_g2s
 from ._w4a16_dequant import DTYPES
 from ._w4a16_mma import MmaSyncMainloop
 from ._w4a16_wgmma import WgmmaMainloop
@@ -82,16 +87,27 @@ SMEM_PARAMS = (
     "tile_k",
     "stages",
     "split_k",
+    "w_copy",
 )  # smem_bytes' arguments
 
 
 def smem_bytes(
-    *, element: str, k: int, group: int, block_m: int, tile_n: int, tile_k: int, stages: int, split_k: int
+    *,
+    element: str,
+    k: int,
+    group: int,
+    block_m: int,
+    tile_n: int,
+    tile_k: int,
+    stages: int,
+    split_k: int,
+    w_copy: str,
 ) -> int:
     """Dynamic shared memory of a variant; the spec's ``launch.smem`` must say the same: a ring
-    per k-part, and one scale slab."""
+    per k-part, one scale slab, and with ``w_copy == "bulk"`` an mbarrier (8 B) per ring slot."""
     ring = ring_bytes(block_m=block_m, tile_n=tile_n, tile_k=tile_k, stages=stages)
-    return split_k * ring + tile_n * _scale_row_bytes(k, group, 2)
+    mbarriers = 8 * split_k * stages if w_copy == "bulk" else 0
+    return split_k * ring + tile_n * _scale_row_bytes(k, group, 2) + mbarriers
 
 
 def ring_bytes(*, block_m: int, tile_n: int, tile_k: int, stages: int) -> int:
@@ -126,6 +142,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         e_cap: int,
         w_layout: str = "nk",
         k_ctas: int = 1,
+        w_copy: str = "cp_async",
     ):
         super().__init__(
             geometry,
@@ -145,6 +162,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             e_cap=e_cap,
             w_layout=w_layout,
             k_ctas=k_ctas,
+            w_copy=w_copy,
         )
         if element not in DTYPES:
             raise ValueError(f"element must be bf16 or fp16 (got {element!r})")
@@ -182,6 +200,10 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         # Decode tiles on n64k128 weights swap the MMA roles (weights A, tokens B; each warp
         # holds whole m16 atoms of weight rows): see compute_swapped.
         self.swapped = self.interleave and self.atoms
+        # w_copy "bulk": their weight k-tiles (one whole atom per 64-row band) arrive by one
+        # cp.async.bulk per band, issued by one thread, on the slot's mbarrier, instead of
+        # 16-byte cp.async copies by every thread.
+        self.bulk = w_copy == "bulk"
         self.mw = self.nw // 16  # swapped: m16 atoms of weight rows per warp
         self.acc_shape = (4, self.mw, 2) if self.swapped else (4, self.ma, self.na)  # mma.sync loop
         self.out_vec = 16 // (self.output.width // 8)
@@ -191,6 +213,10 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             (
                 not 1 <= split_k <= 15 or cta_threads % (32 * split_k) or (k // tile_k) % split_k,
                 "1 <= split_k <= 15 (named barriers 1..15) divides the warps and the k-tiles",
+            ),
+            (
+                w_copy not in ("cp_async", "bulk") or (self.bulk and not (self.swapped and tile_k == ATOM_K)),
+                "w_copy in ('cp_async', 'bulk'); bulk: n64k128 decode tiles (block_m 16) with tile_k 128",
             ),
             (
                 k_ctas not in (1, 2, 4, 8) or (k // tile_k) % (split_k * k_ctas),
@@ -310,12 +336,16 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         return tid // self.qa + i * (self.threads // self.qa), tid % self.qa
 
     @cute.jit
-    def issue(self, kt: Int32, slot: Int32, atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, tid: Int32):
+    def issue(
+        self, kt: Int32, slot: Int32, atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, mbar, tid: Int32
+    ):
         """Fill ring slot ``slot`` with k-tile ``kt``: ``cp.async`` copies, except the activations
         of interleaved ``nk`` tiles, which ``staged`` holds (and then loads k-tile ``kt + 1``
         into). Interleaved ``n64k128`` tiles copy each activation word unchanged to its lane's
-        place (:meth:`a_lane_word`) by a 4-byte ``cp.async``, in the k-tile's commit group."""
-        qa, qw = self.qa, self.qw
+        place (:meth:`a_lane_word`) by a 4-byte ``cp.async``, in the k-tile's commit group.
+        Bulk-copied weights (``w_copy == "bulk"``) go by the part's thread 0, one copy per band,
+        on slot ``slot``'s mbarrier (``mbar + slot``)."""
+        qa = self.qa
         if cutlass.const_expr(self.interleave and self.atoms):
             for i in cutlass.range_constexpr(self.ra):
                 r, q = self.a_piece(tid, i)
@@ -341,6 +371,29 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                         g_a[None, a_src[i] + kt * qa],
                         s_a[None, (slot * self.bm + r) * qa + (q ^ (r % 8))],
                     )
+        if cutlass.const_expr(self.bulk):
+            self.issue_bulk(kt, slot, g_w, s_w, w_src, mbar, tid)
+        else:
+            self.issue_weights(kt, slot, g_w, s_w, w_src, tid)
+
+    @cute.jit
+    def issue_bulk(self, kt: Int32, slot: Int32, g_w, s_w, w_src, mbar, tid: Int32):
+        """Bulk-copy k-tile ``kt``'s weight atoms (one per 64-row band) into slot ``slot``, in
+        their global order (see :meth:`w_lane_piece`), completing on the slot's mbarrier."""
+        if tid == 0:
+            bands, atom = self.tn // BAND, BAND * ATOM_K // 2
+            bar = mbar + slot
+            cute.arch.mbarrier_arrive_and_expect_tx(bar, bands * atom)
+            at = bar.toint()
+            dst = s_w[None, slot * (self.tn * self.qw)].iterator.toint()
+            for b in cutlass.range_constexpr(bands):
+                src = g_w[None, w_src + self.w_chunk(b * BAND, kt * self.qw)].iterator.toint()
+                cp_async_bulk_g2s(dst + b * atom, src, atom, at)
+
+    @cute.jit
+    def issue_weights(self, kt: Int32, slot: Int32, g_w, s_w, w_src, tid: Int32):
+        """``cp.async`` k-tile ``kt``'s weights into slot ``slot``, 16 bytes per copy."""
+        qw = self.qw
         # Weight copy i of this thread: 16-byte piece tid % qw of row tid // qw + i * rows. rows
         # is a multiple of 8, so every copy has the same piece and swizzle: one address pair per
         # k-tile plus constant offsets.
@@ -376,7 +429,10 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
     def w_lane_piece(self, slot, j: int, row, g, c):
         """Where lane ``c`` (lane % 4) finds its 8 bytes of weight row ``row`` (``row % 8 == g``)
         in 64-wide k-chunk ``j`` of ring slot ``slot``, in 8-byte units: bytes ``[8c, 8c + 8)``
-        of the row's 32, in the 16-byte half that :meth:`issue` swapped when ``row & 4``."""
+        of the row's 32, in the 16-byte half that :meth:`issue` swapped when ``row & 4``; or,
+        bulk-copied, where the atom's row-major order puts them (64 bytes per row)."""
+        if self.bulk:
+            return slot * (self.tn * self.qw * 2) + row * (2 * self.qw) + j * 4 + c
         return (
             slot * (self.tn * self.qw * 2) + j * (self.tn * 4) + row * 4 + ((c // 2) ^ (g // 4)) * 2 + c % 2
         )
@@ -473,13 +529,23 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         row0 = expert * self.n + nt * tn
         w_src = row0 * k32
 
+        mbar = None  # this part's slot mbarriers, where weights arrive by bulk copies
+        if cutlass.const_expr(self.bulk):
+            first = cute.recast_ptr(s_base + tn * self.srow * 2, dtype=Int64)
+            if tid_all == 0:
+                for b in cutlass.range_constexpr(self.split * stages):
+                    cute.arch.mbarrier_init(first + b, 1)  # the producer's arrive, plus the bytes
+                cute.arch.mbarrier_init_fence()
+            cute.arch.sync_threads()
+            mbar = first + part * stages
+
         # The block's scale slab, once, by every thread, in the same commit group as k-tile 0.
         for i in range(tid_all, tn * chunks, self.cta_threads):
             cute.copy(
                 atom_s, g_s[None, row0 * chunks + i], s_s[None, (i // chunks) * (self.srow // 8) + i % chunks]
             )
         for s in cutlass.range_constexpr(self.tiles_ahead()):
-            self.issue(k0 + s, Int32(s), atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, tid)
+            self.issue(k0 + s, Int32(s), atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, mbar, tid)
             cute.arch.cp_async_commit_group()
         if cutlass.const_expr(self.split > 1):
             # The k-loop syncs parts alone: the slab that every part reads must land first.
@@ -495,7 +561,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 base,
                 s_wv,
                 s_s16,
-                (atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src),
+                (atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, mbar),
                 tid,
             )
         else:
@@ -513,7 +579,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 rows,
                 nt,
                 (a_row0, s_a32, s_wv, s_s16, s_se, mma),
-                (atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src),
+                (atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, mbar),
                 (tid, part, rank, k0, smem),
             )
 

@@ -241,30 +241,33 @@ class MoeW4A16Op(_RegistryOp):
     """
 
     family = "moe.w4a16"
-    # (block_m, tile_n, tile_k, stages, cta_threads, split_k, k_ctas), best first, per regime;
-    # the spec builds the split-k tiles only for the long-k shapes, where they help, so the
-    # first tile the registry holds for a shape is its best
-    _DECODE = ((16, 128, 128, 3, 128, 1, 1), (16, 128, 128, 3, 256, 1, 1), (16, 128, 128, 3, 512, 1, 1))
-    _TINY = ((16, 64, 128, 3, 256, 4, 1), *_DECODE)
-    TILES: Mapping[str, Sequence[tuple[int, int, int, int, int, int, int]]] = {
-        "cluster4": ((16, 64, 128, 3, 128, 2, 4), *_TINY),
-        "cluster2": ((16, 64, 128, 3, 128, 2, 2), *_TINY),
+    # (block_m, tile_n, tile_k, stages, cta_threads, split_k, k_ctas, w_copy), best first, per
+    # regime; the spec builds the split-k tiles only for the long-k shapes, where they help, and
+    # bulk weight copies only on n64k128 weights, so the first tile the registry holds for a
+    # problem is its best. Bulk copies pay off where many CTAs share each SM ("decode"; an
+    # H200, the 128-wide tile: FC2 1.08x at 16 tokens, 1.13x at 4; FC1 1.07x at 16), not in
+    # launches of a few CTAs per SM, where their longer latency shows (N 384 at 4: 0.87x).
+    _DECODE = tuple((16, 128, 128, 3, threads, 1, 1, "cp_async") for threads in (128, 256, 512))
+    _TINY = ((16, 64, 128, 3, 256, 4, 1, "cp_async"), *_DECODE)
+    TILES: Mapping[str, Sequence[tuple[int, int, int, int, int, int, int, str]]] = {
+        "cluster4": ((16, 64, 128, 3, 128, 2, 4, "cp_async"), *_TINY),
+        "cluster2": ((16, 64, 128, 3, 128, 2, 2, "cp_async"), *_TINY),
         "tiny": _TINY,
-        "decode": ((16, 64, 128, 3, 128, 2, 1), *_DECODE),
+        "decode": ((16, 128, 128, 3, 128, 1, 1, "bulk"), (16, 64, 128, 3, 128, 2, 1, "cp_async"), *_DECODE),
         "mid": (
-            (32, 128, 64, 3, 256, 1, 1),
-            (64, 128, 64, 4, 128, 1, 1),
-            (64, 128, 64, 3, 128, 1, 1),
-            (64, 128, 128, 3, 128, 1, 1),
+            (32, 128, 64, 3, 256, 1, 1, "cp_async"),
+            (64, 128, 64, 4, 128, 1, 1, "cp_async"),
+            (64, 128, 64, 3, 128, 1, 1, "cp_async"),
+            (64, 128, 128, 3, 128, 1, 1, "cp_async"),
         ),
         "prefill": (
-            (128, 128, 64, 4, 128, 1, 1),
-            (128, 128, 64, 4, 256, 1, 1),
-            (64, 128, 64, 4, 128, 1, 1),
-            (64, 128, 64, 3, 128, 1, 1),
+            (128, 128, 64, 4, 128, 1, 1, "cp_async"),
+            (128, 128, 64, 4, 256, 1, 1, "cp_async"),
+            (64, 128, 64, 4, 128, 1, 1, "cp_async"),
+            (64, 128, 64, 3, 128, 1, 1, "cp_async"),
         ),
     }
-    TILE_PARAMS = ("block_m", "tile_n", "tile_k", "stages", "cta_threads", "split_k", "k_ctas")
+    TILE_PARAMS = ("block_m", "tile_n", "tile_k", "stages", "cta_threads", "split_k", "k_ctas", "w_copy")
     PACK_THREADS, PACK_ROUTES = 512, 1024
     # Decode regimes by 128-wide tiles per SM, below each bound (measured on an H200): clusters
     # of 4 CTAs per tile, of 2, the split-k tile alone, then the decode tiles

@@ -28,6 +28,21 @@ def _twins(entries, keep, **change) -> list[tuple]:
     return [(e, twin) for e, twin in pairs if twin is not None]
 
 
+def _twin_outputs(gpu_registry, device_arch: str, pairs, tokens, gen):
+    """For each ``(entry, twin)`` pair and token count: ``(twin params, tokens, twin's output,
+    entry's output)``, both on the same inputs."""
+    for entry, twin in pairs:
+        p = dict(twin.params)
+        pack = route_pack_for(gpu_registry, device_arch, p)
+        for m in tokens:
+            a = Case(p, m, gen, pack)
+            a.launch(pack, prepared(gpu_registry, twin))
+            b = a.twin()
+            b.launch(pack, prepared(gpu_registry, entry))
+            torch.cuda.synchronize()
+            yield p, m, a.out, b.out
+
+
 def _exact_operands(p: dict) -> bool:
     """Decode tiles scale fp32 partial sums of exact int4 products (kernels/w4a16.py)."""
     return p["block_m"] == 16 and p["group"] % p["tile_k"] == 0
@@ -167,16 +182,22 @@ def test_cluster_variants_are_one_rounding_from_their_one_cta_twins(gpu_registry
     pairs = _twins(entries, lambda p: p.get("k_ctas", 1) > 1, k_ctas=1)
     if not pairs:
         pytest.skip("no cluster variant with a one-CTA twin in this registry")
-    for many, one in pairs:
-        p = dict(one.params)
-        pack = route_pack_for(gpu_registry, device_arch, p)
-        for m in (1, 5, 40):
-            a = Case(p, m, gen, pack)
-            a.launch(pack, prepared(gpu_registry, one))
-            b = a.twin()
-            b.launch(pack, prepared(gpu_registry, many))
-            torch.cuda.synchronize()
-            assert one_rounding_apart(b.out, a.out), f"k_ctas {many.params['k_ctas']} vs 1: {p} m={m}"
+    for p, m, one, many in _twin_outputs(gpu_registry, device_arch, pairs, (1, 5, 40), gen):
+        assert one_rounding_apart(many, one), f"k_ctas vs 1: {p} m={m}"
+
+
+def test_bulk_weight_copies_give_the_bits_of_cp_async(gpu_registry, device_arch: str) -> None:
+    # w_copy only changes how weight bytes reach shared memory (and where in it the compute
+    # finds them): the same MMAs on the same operands, so the same bits, at 1, 16 and 40 tokens
+    # (one and two token atoms, zero-bucket blocks); a graph replays one.
+    gen = torch.Generator(device="cuda").manual_seed(29)
+    entries = family_variants(gpu_registry, "moe.w4a16", device_arch)
+    pairs = _twins(entries, lambda p: p.get("w_copy") == "bulk", w_copy="cp_async")
+    if not pairs:
+        pytest.skip("no bulk-copy variant with a cp.async twin in this registry")
+    for p, m, plain, bulk in _twin_outputs(gpu_registry, device_arch, pairs, (1, 16, 40), gen):
+        assert same_bits(plain, bulk), f"bulk vs cp_async: {p} m={m}"
+    replay_equals_eager(gpu_registry, device_arch, pairs[0][0], gen)
 
 
 def test_variants_differing_only_in_cta_threads_are_bit_identical(gpu_registry, device_arch: str) -> None:

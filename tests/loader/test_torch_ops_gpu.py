@@ -173,11 +173,13 @@ def test_moe_w4a16_cluster_regimes_match_the_reference_eager_and_in_graphs(gpu_r
 
 
 def test_moe_w4a16_op_on_n64k128_weights_gives_the_nk_results(gpu_registry) -> None:
-    # The op built for atom-ordered weights picks the same tiles at 1, 16 and 512 tokens (on an
-    # H200: the four-part split-k, the two-part split-k decode and a prefill tile). The prefill tile gives the same bits;
-    # decode tiles sum other k's per MMA step in each order, so their fp32 sums may differ in
-    # the last bits: at most one bf16 rounding step apart.
-    from b12x_aot.loader.torch_ops import register_moe_w4a16, w4a16_weights
+    # The op built for atom-ordered weights takes the first tile of each regime, the one for
+    # nk rows the first without bulk weight copies (which only n64k128 variants have): at 1,
+    # 16 and 512 tokens on an H200, the four-part split-k tile for both, the 128-wide decode
+    # tile by bulk copies against the two-part split-k tile, and a prefill tile for both. The
+    # prefill tile gives the same bits; decode tiles sum other k's per MMA step (and per part)
+    # in each, so their fp32 sums may differ in the last bits: one bf16 rounding step apart.
+    from b12x_aot.loader.torch_ops import MoeW4A16Op, register_moe_w4a16, w4a16_weights
 
     rows_op, gen, w, s = moe_op_and_weights(gpu_registry, "b12x_test_moe_rows", 10)
     atoms_op = register_moe_w4a16(gpu_registry, namespace="b12x_test_moe_atoms", w_layout="n64k128")
@@ -188,14 +190,18 @@ def test_moe_w4a16_op_on_n64k128_weights_gives_the_nk_results(gpu_registry) -> N
         ids = torch.randint(-1, EXPERTS, (m, TOPK), device="cuda", generator=gen, dtype=torch.int32)
         want = rows_op(a, w, s, ids, EXPERTS, dtype)
         got = atoms_op(a, atoms, s, ids, EXPERTS, dtype)
-        tiles = [
-            op.launches_for(a, x, s, TOPK, dtype)[1].entry.params
-            for op, x in ((rows_op, w), (atoms_op, atoms))
-        ]
-        assert tiles[0] == {**tiles[1], "w_layout": "nk"} and tiles[1]["w_layout"] == "n64k128"
+        regime = rows_op.regime(m, routes=m * TOPK, experts=EXPERTS, n=N, device=0)
+        tiles = MoeW4A16Op.TILES[regime]
+        picks = {}
+        for op, x, layout in ((rows_op, w, "nk"), (atoms_op, atoms, "n64k128")):
+            params = op.launches_for(a, x, s, TOPK, dtype)[1].entry.params
+            assert params["w_layout"] == layout
+            picks[layout] = tuple(params[key] for key in MoeW4A16Op.TILE_PARAMS)
+        assert picks["n64k128"] == tiles[0], (regime, picks)
+        assert picks["nk"] == next(t for t in tiles if t[-1] != "bulk"), (regime, picks)
         torch.cuda.synchronize()
-        if tiles[1]["block_m"] != 16:
-            assert torch.equal(got, want), m
+        if picks["nk"][0] != 16:
+            assert picks["nk"] == picks["n64k128"] and torch.equal(got, want), m
         else:
             assert one_rounding_apart(got, want), m
     with pytest.raises(LaunchArgumentError, match="w_layout"):
