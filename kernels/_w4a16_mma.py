@@ -19,7 +19,7 @@ others' in rank order.
   order (:mod:`b12x_aot.loader.w4a16_layout`): the lane's 8 bytes hold its k's of the natural
   MMA slots as (k, k + 1) pairs, still one shift each, the activation words need no pairing
   (each goes unchanged to its lane's place by a 4-byte ``cp.async``, in the k-tile's commit
-  group with the weights), and the MMA roles swap (:meth:`MmaSyncMainloop.compute_swapped`; a warp must hold
+  group, with the weights unless those arrive by bulk copies), and the MMA roles swap (:meth:`MmaSyncMainloop.compute_swapped`; a warp must hold
   whole m16 atoms of weight rows, ``tile_n / warps`` a multiple of 16): dequantized weights
   are A, the block's tokens B, and a block of at most 8 real rows (most decode blocks)
   takes one n8 token atom, half the MMAs; each output element still sums the same products in

@@ -382,6 +382,9 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         their global order (see :meth:`w_lane_piece`), completing on the slot's mbarrier."""
         if tid == 0:
             bands, atom = self.tn // BAND, BAND * ATOM_K // 2
+            # The part's reads of this slot (k-tile kt - stages, before the part barrier) come
+            # before the async proxy's writes into it.
+            cute.arch.fence_proxy("async.shared", space="cta")
             bar = mbar + slot
             cute.arch.mbarrier_arrive_and_expect_tx(bar, bands * atom)
             at = bar.toint()
@@ -429,7 +432,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
     def w_lane_piece(self, slot, j: int, row, g, c):
         """Where lane ``c`` (lane % 4) finds its 8 bytes of weight row ``row`` (``row % 8 == g``)
         in 64-wide k-chunk ``j`` of ring slot ``slot``, in 8-byte units: bytes ``[8c, 8c + 8)``
-        of the row's 32, in the 16-byte half that :meth:`issue` swapped when ``row & 4``; or,
+        of the row's 32, in the 16-byte half that :meth:`issue_weights` swapped when ``row & 4``; or,
         bulk-copied, where the atom's row-major order puts them (64 bytes per row)."""
         if self.bulk:
             return slot * (self.tn * self.qw * 2) + row * (2 * self.qw) + j * 4 + c
@@ -480,7 +483,8 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         # Otherwise plain rows of 16-byte chunks (chunk q at q ^ (row % 8)), filled by
         # 16-byte cp.async and read by ldmatrix (conflict-free thanks to the swizzle).
         # Weights: per 64-wide k-chunk, 32 bytes per row n, its 16-byte halves swapped when
-        # n & 4: eight consecutive rows' same halves then hit distinct banks.
+        # n & 4: eight consecutive rows' same halves then hit distinct banks. Bulk-copied
+        # (w_copy bulk): the atoms as they are in global memory, 64 bytes per row.
         s_a32 = self.vectors(cute.recast_ptr(base, dtype=Uint32), 4, stages * bm * qa)
         s_a = s_a32
         if cutlass.const_expr(self.interleave):

@@ -245,8 +245,9 @@ class MoeW4A16Op(_RegistryOp):
     # regime; the spec builds the split-k tiles only for the long-k shapes, where they help, and
     # bulk weight copies only on n64k128 weights, so the first tile the registry holds for a
     # problem is its best. Bulk copies pay off where many CTAs share each SM ("decode"; an
-    # H200, the 128-wide tile: FC2 1.08x at 16 tokens, 1.13x at 4; FC1 1.07x at 16), not in
-    # launches of a few CTAs per SM, where their longer latency shows (N 384 at 4: 0.87x).
+    # H200, the 128-wide tile against its cp.async twin: FC2 1.05x at 16 tokens, 1.11x at 4;
+    # FC1 1.04x at 16), not in launches of a few CTAs per SM, where their longer latency
+    # shows (N 384 at 4 tokens: 0.86x).
     _DECODE = tuple((16, 128, 128, 3, threads, 1, 1, "cp_async") for threads in (128, 256, 512))
     _TINY = ((16, 64, 128, 3, 256, 4, 1, "cp_async"), *_DECODE)
     TILES: Mapping[str, Sequence[tuple[int, int, int, int, int, int, int, str]]] = {

@@ -75,7 +75,8 @@ def main(path: str) -> None:
     gemms = pick(registry, "moe.w4a16", arch, n=2048, k=7168, element="bf16", output="bf16")
     clustered = [e for e in gemms if e.params.get("k_ctas", 1) > 1][:1]  # CTAs that share smem
     bulk = [e for e in gemms if e.params.get("w_copy") == "bulk"][:1]  # cp.async.bulk + mbarriers
-    for entry in [e for e in gemms if e.params["block_m"] in (16, 128)][:4] + clustered + bulk:
+    picked = [e for e in gemms if e.params["block_m"] in (16, 128)][:4]
+    for entry in picked + [e for e in clustered + bulk if e not in picked]:
         p = entry.params
         gemm = registry.kernel(entry.family, entry.abi, **p).prepare()
         (pack_entry,) = pick(
