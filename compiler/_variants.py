@@ -82,15 +82,34 @@ def _filter(spec: Spec, where: Mapping[str, str]) -> list[tuple[str, tuple[Any, 
     return params
 
 
-def _constraints(spec: Spec, params: Mapping[str, Any]) -> str | None:
-    """Why the params fail the spec's constraints, or None when they pass."""
-    for constraint in spec.constraints:
+class _Constraints:
+    """A spec's constraints over param sets. A matrix of hundreds of thousands of combinations
+    has few distinct values of the names each constraint reads, so each verdict is kept per
+    those values and every constraint is evaluated once per distinct tuple."""
+
+    _UNBOUND = object()  # a name the params lack: the evaluation then says so
+
+    def __init__(self, spec: Spec) -> None:
+        self._items = [(c, tuple(sorted(c.names)), {}) for c in spec.constraints]
+
+    def why_not(self, params: Mapping[str, Any]) -> str | None:
+        """Why the params fail the constraints (the first in spec order), or None."""
+        for constraint, names, verdicts in self._items:
+            key = tuple(params.get(name, self._UNBOUND) for name in names)
+            if key not in verdicts:
+                verdicts[key] = self._verdict(constraint, params)
+            if verdicts[key] is not None:
+                return verdicts[key]
+        return None
+
+    @staticmethod
+    def _verdict(constraint: Any, params: Mapping[str, Any]) -> str | None:
         try:
             if not constraint.evaluate(params):
                 return f"constraint {constraint.source!r} is false"
         except (ExpressionError, ArithmeticError, TypeError) as exc:
             return f"constraint {constraint.source!r} does not evaluate: {exc}"
-    return None
+        return None
 
 
 def _check(arch: str, static: StaticGeometry) -> tuple[str, str] | None:
@@ -132,12 +151,18 @@ def expand(
     names = [n for n, _ in matrix]
     accepted: list[Variant] = []
     rejected: list[Rejection] = []
+    constraints = _Constraints(spec)
+    templated = sorted({a.template_param for a in spec.args if a.template_param is not None})
+    resolved: dict[tuple[Any, ...], tuple[Arg, ...]] = {}  # args by their dtype params' values
     for arch in spec.archs if archs is None else [a for a in spec.archs if a in archs]:
         for values in itertools.product(*(v for _, v in matrix)):
             params = dict(zip(names, values, strict=True))
             vid = VariantId.of(family=spec.family, abi=spec.abi, arch=arch, params=params)
-            variant = Variant(spec, vid, tuple(a.resolve(params) for a in spec.args))
-            reason = _constraints(spec, params)
+            dtypes = tuple(params.get(name) for name in templated)
+            if dtypes not in resolved:
+                resolved[dtypes] = tuple(a.resolve(params) for a in spec.args)
+            variant = Variant(spec, vid, resolved[dtypes])
+            reason = constraints.why_not(params)
             if reason is not None:
                 rejected.append(Rejection(variant, "constraint", reason))
                 continue
