@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from b12x_aot.loader import Arg, ExpressionError, StaticGeometry, VariantId
+from b12x_aot.loader import Arg, Expr, ExpressionError, StaticGeometry, VariantId
 
 from ._arch import ARCHS
 from ._spec import Spec
@@ -103,7 +103,7 @@ class _Constraints:
         return None
 
     @staticmethod
-    def _verdict(constraint: Any, params: Mapping[str, Any]) -> str | None:
+    def _verdict(constraint: Expr, params: Mapping[str, Any]) -> str | None:
         try:
             if not constraint.evaluate(params):
                 return f"constraint {constraint.source!r} is false"

@@ -95,6 +95,7 @@ class MmaSyncMainloop:
         """The k-loop; ``ntok``: n8 token atoms of a swapped decode tile (0 for the others)."""
         a_row0, s_a32, s_wv, s_s16, s_se, mma, copies, tid, part, k0, warp, g, c, sel = state
         stages = self.stages
+        mbar = copies[-1]  # issue()'s last copy argument: the part's slot mbarriers (bulk weights)
         for i in range(self.kt_count):
             cute.arch.cp_async_wait_group(stages - 2)
             self.part_sync(part)
@@ -103,7 +104,7 @@ class MmaSyncMainloop:
                 self.issue(k0 + nxt, nxt % stages, *copies, tid)
             cute.arch.cp_async_commit_group()
             if cutlass.const_expr(self.bulk):  # k-tile i's weights: on its slot's mbarrier
-                cute.arch.mbarrier_wait(copies[-1] + i % stages, (i // stages) % 2)
+                cute.arch.mbarrier_wait(mbar + i % stages, (i // stages) % 2)
             if cutlass.const_expr(self.swapped):
                 self.compute_swapped(
                     k0 + i, i % stages, acc, s_a32, s_wv, (s_s16, s_se), mma, warp, g, c, ntok

@@ -40,7 +40,10 @@ FAMILIES: dict[str, tuple[dict[str, Any], dict[str, int]]] = {
     "quant_mxfp8.yaml": ({"dtype": "fp16", "K": 2048, "rounding": "floor"}, {}),
     "moe_route_pack.yaml": ({"block_m": 16}, {}),
     "moe_w4a16.yaml": (
-        {"element": "bf16", "output": "bf16", "n": 2048, "k": 7168, "block_m": 16, "split_k": 1, "k_ctas": 1},
+        {
+            **{"element": "bf16", "output": "bf16", "n": 2048, "k": 7168, "block_m": 16},
+            **{"split_k": 1, "k_ctas": 1, "w_copy": "cp_async"},
+        },
         {},
     ),
     "comm_allreduce.yaml": ({"dtype": "bf16", "world": 4, "algorithm": "twoshot", "transport": "push"}, {}),
