@@ -15,11 +15,22 @@ once to the activation dtype. Two ways to bring the nibbles there:
 
 from __future__ import annotations
 
-from cutlass import Uint32
+from cutlass import Int32, Uint32
 
 from ._ptx import asm_u32, prmt
 
-__all__ = ["int4_lane_pair", "int4_pair", "int4_split_pair", "pair_selector", "scale_pair", "scaled"]
+__all__ = [
+    "NIBBLES",
+    "int4_lane_pair",
+    "int4_pair",
+    "int4_split_pair",
+    "nibble_mask",
+    "pair_selector",
+    "scale_pair",
+    "scaled",
+]
+
+NIBBLES = 0x000F000F  # bits 0-3 and 16-19: a nibble in the low bits of each half
 
 # Per activation dtype: magic high half for 128 + u (bf16) / 1024 + u (fp16) with u = q ^ 8,
 # the packed pair (1, 1) and the packed pair -(magic + 8), so (x * 1) + bias = q exactly.
@@ -34,34 +45,42 @@ def pair_selector(byte):
     return byte | (byte << 4) | ((byte + 4) << 8) | ((byte + 4) << 12)
 
 
+def nibble_mask(count: Int32) -> Uint32:
+    """:data:`NIBBLES`, computed from ``count``, a kernel argument that is never negative, so
+    that ptxas cannot fold it: as a constant it re-materializes the mask before nearly every
+    ``lop3`` (57 of a decode k-tile's 415 instructions); as a value it keeps it in one register."""
+    return Uint32(NIBBLES) >> (Uint32(count) >> 31)
+
+
 def scale_pair(scale: Uint32) -> Uint32:
     """A 16-bit scale in both halves of a word, as the packed multiplier."""
     return scale | (scale << 16)
 
 
-def int4_pair(word: Uint32, selector, element: str) -> Uint32:
+def int4_pair(word: Uint32, selector, element: str, mask=NIBBLES) -> Uint32:
     """The int4 pair that ``selector`` (:func:`pair_selector`; a constant, or a per-lane register)
-    picks from ``word``, as an exact packed operand pair ``(q_low_nibble, q_high_nibble)``."""
-    return _low_nibbles(prmt(word, word >> 4, selector), element)
+    picks from ``word``, as an exact packed operand pair ``(q_low_nibble, q_high_nibble)``.
+    ``mask``: :data:`NIBBLES`, or the register :func:`nibble_mask` holds it in (here and below)."""
+    return _low_nibbles(prmt(word, word >> 4, selector), element, mask)
 
 
-def int4_split_pair(word: Uint32, t: int, element: str) -> Uint32:
+def int4_split_pair(word: Uint32, t: int, element: str, mask=NIBBLES) -> Uint32:
     """Nibbles ``t`` and ``t + 4`` of ``word`` (``0 <= t < 4``), as an exact packed operand pair."""
-    return _low_nibbles(word >> t * 4 if t else word, element)
+    return _low_nibbles(word >> t * 4 if t else word, element, mask)
 
 
-def int4_lane_pair(w0: Uint32, w1: Uint32, step: int, half: int, element: str) -> Uint32:
+def int4_lane_pair(w0: Uint32, w1: Uint32, step: int, half: int, element: str, mask=NIBBLES) -> Uint32:
     """The pair (k, k + 1) of MMA step ``step`` (0..3 of a 64-wide k-chunk) and k-half ``half``
     from a lane's two words of an ``n64k128`` row chunk (see
     :mod:`b12x_aot.loader.w4a16_layout`): word ``step // 2``, nibbles ``t`` and ``t + 4`` for
     ``t = 2 (step % 2) + half``."""
-    return int4_split_pair(w0 if step < 2 else w1, 2 * (step % 2) + half, element)
+    return int4_split_pair(w0 if step < 2 else w1, 2 * (step % 2) + half, element, mask)
 
 
-def _low_nibbles(v: Uint32, element: str) -> Uint32:
+def _low_nibbles(v: Uint32, element: str, mask=NIBBLES) -> Uint32:
     """The signed nibbles in bits 0-3 and 16-19 of ``v`` as the exact packed pair ``(q0, q1)``."""
     magic, one, bias = _MAGIC[element]
-    v = (v & Uint32(0x000F000F)) ^ Uint32(magic)
+    v = (v & Uint32(mask)) ^ Uint32(magic)
     return asm_u32(f"{_FMA[element]} $0, $1, $2, $3;", v, Uint32(one), Uint32(bias))
 
 

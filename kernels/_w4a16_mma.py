@@ -61,8 +61,9 @@ class MmaSyncMainloop:
         """k-loop of warp-level ``mma.sync`` and the epilogue (every arch; every tile the wgmma
         loop does not take). ``where``: this thread's index in its k-part, the part, the
         CTA's rank in its cluster, the part's first k-tile, and the start of shared memory (for
-        the parts' and CTAs' sums)."""
-        a_row0, s_a32, s_wv, s_s16, s_se, mma = views
+        the parts' and CTAs' sums). ``views`` ends with the dequant's nibble mask register
+        (:func:`~._w4a16_dequant.nibble_mask`)."""
+        a_row0, s_a32, s_wv, s_s16, s_se, mma, mask = views
         tid, part, rank, k0, smem = where
         lane, warp = tid % 32, tid // 32
         g, c = lane // 4, lane % 4
@@ -70,7 +71,7 @@ class MmaSyncMainloop:
         shape = self.acc_shape
         acc = cute.make_rmem_tensor(shape, Float32)
         acc.fill(0.0)
-        state = (a_row0, s_a32, s_wv, s_s16, s_se, mma, copies, tid, part, k0, warp, g, c, sel)
+        state = (a_row0, s_a32, s_wv, s_s16, s_se, mma, copies, tid, part, k0, warp, g, c, sel, mask)
         if cutlass.const_expr(self.swapped):
             # Tokens are the n8 operand: a block of at most 8 real rows needs one n8 atom (real
             # rows come first in a block, see route_pack).
@@ -93,7 +94,7 @@ class MmaSyncMainloop:
     @cute.jit
     def kloop_mma(self, acc, state, ntok: cutlass.Constexpr[int]):
         """The k-loop; ``ntok``: n8 token atoms of a swapped decode tile (0 for the others)."""
-        a_row0, s_a32, s_wv, s_s16, s_se, mma, copies, tid, part, k0, warp, g, c, sel = state
+        a_row0, s_a32, s_wv, s_s16, s_se, mma, copies, tid, part, k0, warp, g, c, sel, mask = state
         stages = self.stages
         mbar = copies[-1]  # issue()'s last copy argument: the part's slot mbarriers (bulk weights)
         for i in range(self.kt_count):
@@ -107,12 +108,14 @@ class MmaSyncMainloop:
                 cute.arch.mbarrier_wait(mbar + i % stages, (i // stages) % 2)
             if cutlass.const_expr(self.swapped):
                 self.compute_swapped(
-                    k0 + i, i % stages, acc, s_a32, s_wv, (s_s16, s_se), mma, warp, g, c, ntok
+                    k0 + i, i % stages, acc, s_a32, s_wv, (s_s16, s_se), mma, warp, g, c, mask, ntok
                 )
             elif cutlass.const_expr(self.interleave):
-                self.compute_interleaved(k0 + i, i % stages, acc, s_a32, s_wv, (s_s16, s_se), mma, warp, g, c)
+                self.compute_interleaved(
+                    k0 + i, i % stages, acc, s_a32, s_wv, (s_s16, s_se), mma, warp, g, c, mask
+                )
             else:
-                self.compute_rows(k0 + i, i % stages, acc, a_row0, s_wv, s_s16, mma, warp, g, c, sel)
+                self.compute_rows(k0 + i, i % stages, acc, a_row0, s_wv, s_s16, mma, warp, g, c, sel, mask)
 
     @cute.jit
     def part_sync(self, part: Int32):
@@ -237,9 +240,11 @@ class MmaSyncMainloop:
     def a_word(self, slot, r, q, s):
         """Where :meth:`pair_rows` stores step ``s`` of piece ``q`` of row ``r``, in 32-bit words:
         A-fragment unit ``(q // 2, s)`` of rows ``r % 8``, ``r % 8 + 8`` holds
-        ``[g:0, g+8:0, g:1, g+8:1]`` (row, k-half ``q % 2``), one A fragment."""
-        g = r % 8
-        within = (r % 16) // 8 + (q % 2) * 2
+        ``[g:0, g+8:0, g:1, g+8:1]`` (row, k-half ``q % 2``), one A fragment; on swapped tiles
+        ``[g:0, g:1, g+8:0, g+8:1]``, the B fragments of token atoms 0 and 1, each a register
+        pair as loaded (no moves before the MMA)."""
+        g, atom, half = r % 8, (r % 16) // 8, q % 2
+        within = atom * 2 + half if self.swapped else atom + half * 2
         return self.a_rows_at(slot, r // 16, g, per_unit=4) + within + self.a_unit(q // 2, s, g) * 4
 
     def a_lane_word(self, slot, r, q, lane: int):
@@ -264,6 +269,7 @@ class MmaSyncMainloop:
         g: Int32,
         c: Int32,
         sel: Uint32,
+        mask: Uint32,
     ):
         """All MMAs of one k-tile for this warp, in ascending k: blocks of 32 or more rows.
 
@@ -305,9 +311,9 @@ class MmaSyncMainloop:
                 for at in cutlass.range_constexpr(na):
                     for e in cutlass.range_constexpr(2):
                         if cutlass.const_expr(self.atoms):
-                            q = int4_lane_pair(wv[0, at], wv[1, at], s, e, self.elem_name)
+                            q = int4_lane_pair(wv[0, at], wv[1, at], s, e, self.elem_name, mask)
                         else:
-                            q = int4_pair(wv[2 * (s % 2) + e, at], sel, self.elem_name)
+                            q = int4_pair(wv[2 * (s % 2) + e, at], sel, self.elem_name, mask)
                         bfr[e, at] = scaled(q, sp2[at], self.elem_name)
                 self.mma_step(mma, acc, afr, bfr)
 
@@ -327,7 +333,18 @@ class MmaSyncMainloop:
 
     @cute.jit
     def compute_interleaved(
-        self, kt: Int32, slot: Int32, acc, s_a32, s_wv, scale_views, mma, warp: Int32, g: Int32, c: Int32
+        self,
+        kt: Int32,
+        slot: Int32,
+        acc,
+        s_a32,
+        s_wv,
+        scale_views,
+        mma,
+        warp: Int32,
+        g: Int32,
+        c: Int32,
+        mask: Uint32,
     ):
         """All MMAs of one k-tile for this warp, in ascending k: blocks of 16 rows (decode) on
         ``nk`` weights (``n64k128`` decode tiles take :meth:`compute_swapped`).
@@ -362,7 +379,7 @@ class MmaSyncMainloop:
                 bfr = cute.make_rmem_tensor((2, na), Uint32)
                 for at in cutlass.range_constexpr(na):
                     for e in cutlass.range_constexpr(2):
-                        q = int4_split_pair(wq[e, at], step, self.elem_name)
+                        q = int4_split_pair(wq[e, at], step, self.elem_name, mask)
                         if cutlass.const_expr(self.fp32_scale):
                             bfr[e, at] = q  # exact int4; the k-tile's sum takes the scale in fp32
                         else:
@@ -392,6 +409,7 @@ class MmaSyncMainloop:
         warp: Int32,
         g: Int32,
         c: Int32,
+        mask: Uint32,
         ntok: cutlass.Constexpr[int],
     ):
         """All MMAs of one k-tile for this warp, decode tiles on ``n64k128`` weights: the roles
@@ -427,19 +445,15 @@ class MmaSyncMainloop:
                         for rr in cutlass.range_constexpr(2):
                             row = warp * self.nw + mi * 16 + rr * 8 + g
                             sp2[rr, mi] = scale_pair(Uint32(s_s16[row * self.srow + grp]))
-                x = cute.make_rmem_tensor((4,), Uint32)  # [g:e0, g+8:e0, g:e1, g+8:e1]
+                bfr = cute.make_rmem_tensor((2, 2), Uint32)  # [g:e0, g:e1, g+8:e0, g+8:e1]
                 cute.autovec_copy(
-                    s_a32[None, self.a_rows_at(slot, 0, g) + self.a_unit(4 * j + c, step, g)], x
+                    s_a32[None, self.a_rows_at(slot, 0, g) + self.a_unit(4 * j + c, step, g)], bfr
                 )
-                bfr = cute.make_rmem_tensor((2, ntok), Uint32)
-                for ni in cutlass.range_constexpr(ntok):
-                    for e in cutlass.range_constexpr(2):
-                        bfr[e, ni] = x[2 * e + ni]
                 afr = cute.make_rmem_tensor((4, mw), Uint32)
                 for mi in cutlass.range_constexpr(mw):
                     for e in cutlass.range_constexpr(2):
                         for rr in cutlass.range_constexpr(2):
-                            q = int4_lane_pair(wq[0, rr, mi], wq[1, rr, mi], step, e, self.elem_name)
+                            q = int4_lane_pair(wq[0, rr, mi], wq[1, rr, mi], step, e, self.elem_name, mask)
                             if cutlass.const_expr(not fp32):
                                 q = scaled(q, sp2[rr, mi], self.elem_name)
                             afr[2 * e + rr, mi] = q

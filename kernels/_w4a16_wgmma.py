@@ -44,7 +44,9 @@ class WgmmaMainloop:
     """Mixin of :class:`~.w4a16.W4A16`: the sm_90a ``wgmma`` k-loop and its epilogue."""
 
     @cute.jit
-    def mainloop_wgmma(self, m_out, sc, rows: Int32, nt: Int32, base, s_wv, s_s16, copies, tid: Int32):
+    def mainloop_wgmma(
+        self, m_out, sc, rows: Int32, nt: Int32, base, s_wv, s_s16, copies, tid: Int32, mask: Uint32
+    ):
         """k-loop of ``wgmma`` m64 x block_m x k16 and the epilogue (sm_90a, 64-wide k-tiles).
 
         Warpgroup ``wg`` owns the m64 chunks ``wg, wg + WG, ...`` of the tile's weight rows; in
@@ -54,14 +56,15 @@ class WgmmaMainloop:
         dequantized like the ``mma.sync`` path's B operand; B is the activation tile, K-major
         with the 128-byte swizzle the copies already apply. A chunk's accumulators receive the
         same wgmmas in the same order whatever the CTA size, so ``cta_threads`` never changes a
-        result bit.
+        result bit. ``mask``: the dequant's nibble mask register
+        (:func:`~._w4a16_dequant.nibble_mask`).
         """
         bm = self.bm
         c = tid % 4
         sel = Uint32(pair_selector(c))
         acc = cute.make_rmem_tensor((bm // 2, self.wg_chunks()), Float32)
         acc.fill(0.0)
-        state = (base.toint(), s_wv, s_s16, copies, tid, sel)
+        state = (base.toint(), s_wv, s_s16, copies, tid, sel, mask)
         # Padding rows sit at a block's tail (an expert's last block): the wgmmas cover the
         # narrowest width that holds every real row, so a block of a few real rows costs its
         # dequant but only an n = 16 wgmma per step.
@@ -154,7 +157,7 @@ class WgmmaMainloop:
         """One k-tile: wait (at most ``top`` groups left running), barrier, refill, then per
         chunk: wait (at most ``reuse``), dequantize, fence and issue its four wgmmas as one
         group."""
-        a_base, s_wv, s_s16, copies, tid, sel = state
+        a_base, s_wv, s_s16, copies, tid, sel, mask = state
         c = tid % 4
         bm, tn, stages = self.bm, self.tn, self.stages
         wgs, chunks, wg, v, g = self.warpgroup_coords(tid)
@@ -200,9 +203,9 @@ class WgmmaMainloop:
                 pairs = []
                 for e, rr in ((0, 0), (0, 1), (1, 0), (1, 1)):
                     if cutlass.const_expr(self.atoms):
-                        q = int4_lane_pair(wv[0, rr], wv[1, rr], s, e, self.elem_name)
+                        q = int4_lane_pair(wv[0, rr], wv[1, rr], s, e, self.elem_name, mask)
                     else:
-                        q = int4_pair(wv[2 * (s % 2) + e, s // 2, rr], sel, self.elem_name)
+                        q = int4_pair(wv[2 * (s % 2) + e, s // 2, rr], sel, self.elem_name, mask)
                     pairs.append(scaled(q, sp2[rr], self.elem_name))
                 frags.append(tuple(pairs))
             # One fence for the chunk's four A fragments: the wgmmas after it chain on the same

@@ -71,7 +71,7 @@ from b12x_aot.loader.w4a16_layout import ATOM_K, BAND, WEIGHT_LAYOUTS
 
 from ._base import AotKernel, dsl_dtype
 from ._ptx import cp_async_4, cp_async_16_l2_256, cp_async_bulk_g2s
-from ._w4a16_dequant import DTYPES
+from ._w4a16_dequant import DTYPES, nibble_mask
 from ._w4a16_mma import MmaSyncMainloop
 from ._w4a16_wgmma import WgmmaMainloop
 from .route_pack import HEADER_WORDS, scratch_bounds
@@ -556,6 +556,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             cute.arch.cp_async_wait_group(stages - 2)
             cute.arch.sync_threads()
 
+        mask = nibble_mask(num_tokens)  # the dequant's nibble mask, held in a register
         if cutlass.const_expr(self.uses_wgmma()):
             self.mainloop_wgmma(
                 m_out,
@@ -567,6 +568,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 s_s16,
                 (atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, mbar),
                 tid,
+                mask,
             )
         else:
             # ldmatrix address of step 0: lane 8m + i reads row (m % 2) * 8 + i of an m16 atom, at
@@ -582,7 +584,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 sc,
                 rows,
                 nt,
-                (a_row0, s_a32, s_wv, s_s16, s_se, mma),
+                (a_row0, s_a32, s_wv, s_s16, s_se, mma, mask),
                 (atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, mbar),
                 (tid, part, rank, k0, smem),
             )

@@ -245,16 +245,16 @@ class MoeW4A16Op(_RegistryOp):
     # regime; the spec builds the split-k tiles only for the long-k shapes, where they help, and
     # bulk weight copies only on n64k128 weights, so the first tile the registry holds for a
     # problem is its best. Bulk copies pay off where many CTAs share each SM ("decode"; an
-    # H200, the 128-wide tile against its cp.async twin: FC2 1.05x at 16 tokens, 1.11x at 4;
-    # FC1 1.04x at 16, where the two-part split-k tile is faster still), not in launches of
-    # a few CTAs per SM, where their longer latency shows (N 384 at 4 tokens: 0.86x).
+    # H200, the 128-wide bulk tile against the two-part split-k tile on FC1: 1.13x at 4 tokens,
+    # 1.15x at 16; against its cp.async twin on FC2: 1.18x at 16), not in launches of a few
+    # CTAs per SM, where their longer latency shows (N 256 at 4 tokens: 0.57x the split-k tile).
     _DECODE = tuple((16, 128, 128, 3, threads, 1, 1, "cp_async") for threads in (128, 256, 512))
     _TINY = ((16, 64, 128, 3, 256, 4, 1, "cp_async"), *_DECODE)
     TILES: Mapping[str, Sequence[tuple[int, int, int, int, int, int, int, str]]] = {
         "cluster4": ((16, 64, 128, 3, 128, 2, 4, "cp_async"), *_TINY),
         "cluster2": ((16, 64, 128, 3, 128, 2, 2, "cp_async"), *_TINY),
         "tiny": _TINY,
-        "decode": ((16, 64, 128, 3, 128, 2, 1, "cp_async"), (16, 128, 128, 3, 128, 1, 1, "bulk"), *_DECODE),
+        "decode": ((16, 128, 128, 3, 128, 1, 1, "bulk"), (16, 64, 128, 3, 128, 2, 1, "cp_async"), *_DECODE),
         "mid": (
             (32, 128, 64, 3, 256, 1, 1, "cp_async"),
             (64, 128, 64, 4, 128, 1, 1, "cp_async"),

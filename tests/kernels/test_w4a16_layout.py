@@ -14,9 +14,10 @@ from b12x_aot.kernels._w4a16_mma import MmaSyncMainloop
 STAGES, BLOCK_M = 3, 16
 
 
-def layout(tile_k: int) -> MmaSyncMainloop:
+def layout(tile_k: int, swapped: bool = False) -> MmaSyncMainloop:
+    """The decode tile's activation layout; ``swapped``: an n64k128 tile's (tokens are B)."""
     tile = MmaSyncMainloop()
-    tile.tk, tile.bm = tile_k, BLOCK_M
+    tile.tk, tile.bm, tile.swapped = tile_k, BLOCK_M, swapped
     return tile
 
 
@@ -72,11 +73,12 @@ def test_each_eight_lanes_of_a_fragment_load_hit_every_bank_once(tile_k: int) ->
 @pytest.mark.parametrize("tile_k", [64, 128, 256])
 def test_n64k128_words_land_where_each_lane_reads_its_natural_k(tile_k: int) -> None:
     # Writer (n64k128): word w of piece q of row r holds k 8q + 2w, + 1, unpaired.
-    tile = layout(tile_k)
+    tile = layout(tile_k, swapped=True)
     stored = written(tile, tile.a_lane_word, lambda slot, r, q, w: (slot, r, 8 * q + 2 * w))
     # Reader: lane (g, c) at step s of 64-wide chunk j loads unit (4j + c, s) of rows g, g + 8:
-    # words [g:e0, g+8:e0, g:e1, g+8:e1], which must hold the natural MMA slots k 64j + 16s +
-    # 8e + 2c (the k's n64k128's lane order gives lane c's weight pairs).
+    # words [g:e0, g:e1, g+8:e0, g+8:e1] (the B fragments of token atoms 0 and 1), which must
+    # hold the natural MMA slots k 64j + 16s + 8e + 2c (the k's n64k128's lane order gives lane
+    # c's weight pairs).
     for slot in range(STAGES):
         for g in range(8):
             for j in range(tile_k // 64):
@@ -85,7 +87,7 @@ def test_n64k128_words_land_where_each_lane_reads_its_natural_k(tile_k: int) -> 
                         unit = tile.a_rows_at(slot, 0, g) + tile.a_unit(4 * j + c, step, g)
                         got = [stored[4 * unit + e] for e in range(4)]
                         want = [
-                            (slot, g + 8 * (e % 2), 64 * j + 16 * step + 8 * (e // 2) + 2 * c)
+                            (slot, g + 8 * (e // 2), 64 * j + 16 * step + 8 * (e % 2) + 2 * c)
                             for e in range(4)
                         ]
                         assert got == want, (tile_k, slot, g, j, c, step)
