@@ -244,14 +244,14 @@ class MoeW4A16Op(_RegistryOp):
     # (block_m, tile_n, tile_k, stages, cta_threads, split_k, k_ctas, w_copy), best first, per
     # regime; the spec builds the split-k tiles only for the long-k shapes, where they help, and
     # bulk weight copies only on n64k128 weights, so the first tile the registry holds for a
-    # problem is its best. Bulk copies pay off where many CTAs share each SM ("decode"; an
-    # H200, the 128-wide bulk tile against the two-part split-k tile on FC1: 1.13x at 4 tokens,
-    # 1.15x at 16; against its cp.async twin on FC2: 1.18x at 16), not in launches of a few
-    # CTAs per SM, where their longer latency shows (N 256 at 4 tokens: 0.57x the split-k tile).
+    # problem is its best. Bulk copies lead every regime but cluster2, where they gained nothing
+    # (an H200, against the cp.async twin: decode 1.19x on FC2 at 16 tokens, and the 128-wide
+    # bulk tile beats FC1's two-part split-k tile 1.13x at 4 tokens; tiny 1.10x on FC1 at 1
+    # token, 1.15x on N 384 at 16; cluster4 1.02-1.04x; cluster2 0.99-1.00x).
     _DECODE = tuple((16, 128, 128, 3, threads, 1, 1, "cp_async") for threads in (128, 256, 512))
-    _TINY = ((16, 64, 128, 3, 256, 4, 1, "cp_async"), *_DECODE)
+    _TINY = ((16, 64, 128, 3, 256, 4, 1, "bulk"), (16, 64, 128, 3, 256, 4, 1, "cp_async"), *_DECODE)
     TILES: Mapping[str, Sequence[tuple[int, int, int, int, int, int, int, str]]] = {
-        "cluster4": ((16, 64, 128, 3, 128, 2, 4, "cp_async"), *_TINY),
+        "cluster4": ((16, 64, 128, 3, 128, 2, 4, "bulk"), (16, 64, 128, 3, 128, 2, 4, "cp_async"), *_TINY),
         "cluster2": ((16, 64, 128, 3, 128, 2, 2, "cp_async"), *_TINY),
         "tiny": _TINY,
         "decode": ((16, 128, 128, 3, 128, 1, 1, "bulk"), (16, 64, 128, 3, 128, 2, 1, "cp_async"), *_DECODE),
