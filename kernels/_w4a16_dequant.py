@@ -57,19 +57,19 @@ def scale_pair(scale: Uint32) -> Uint32:
     return scale | (scale << 16)
 
 
-def int4_pair(word: Uint32, selector, element: str, mask=NIBBLES) -> Uint32:
+def int4_pair(word: Uint32, selector, element: str, mask: Uint32) -> Uint32:
     """The int4 pair that ``selector`` (:func:`pair_selector`; a constant, or a per-lane register)
     picks from ``word``, as an exact packed operand pair ``(q_low_nibble, q_high_nibble)``.
-    ``mask``: :data:`NIBBLES`, or the register :func:`nibble_mask` holds it in (here and below)."""
+    ``mask``: :func:`nibble_mask`'s register (here and below)."""
     return _low_nibbles(prmt(word, word >> 4, selector), element, mask)
 
 
-def int4_split_pair(word: Uint32, t: int, element: str, mask=NIBBLES) -> Uint32:
+def int4_split_pair(word: Uint32, t: int, element: str, mask: Uint32) -> Uint32:
     """Nibbles ``t`` and ``t + 4`` of ``word`` (``0 <= t < 4``), as an exact packed operand pair."""
     return _low_nibbles(word >> t * 4 if t else word, element, mask)
 
 
-def int4_lane_pair(w0: Uint32, w1: Uint32, step: int, half: int, element: str, mask=NIBBLES) -> Uint32:
+def int4_lane_pair(w0: Uint32, w1: Uint32, step: int, half: int, element: str, mask: Uint32) -> Uint32:
     """The pair (k, k + 1) of MMA step ``step`` (0..3 of a 64-wide k-chunk) and k-half ``half``
     from a lane's two words of an ``n64k128`` row chunk (see
     :mod:`b12x_aot.loader.w4a16_layout`): word ``step // 2``, nibbles ``t`` and ``t + 4`` for
@@ -77,10 +77,10 @@ def int4_lane_pair(w0: Uint32, w1: Uint32, step: int, half: int, element: str, m
     return int4_split_pair(w0 if step < 2 else w1, 2 * (step % 2) + half, element, mask)
 
 
-def _low_nibbles(v: Uint32, element: str, mask=NIBBLES) -> Uint32:
+def _low_nibbles(v: Uint32, element: str, mask: Uint32) -> Uint32:
     """The signed nibbles in bits 0-3 and 16-19 of ``v`` as the exact packed pair ``(q0, q1)``."""
     magic, one, bias = _MAGIC[element]
-    v = (v & Uint32(mask)) ^ Uint32(magic)
+    v = (v & mask) ^ Uint32(magic)
     return asm_u32(f"{_FMA[element]} $0, $1, $2, $3;", v, Uint32(one), Uint32(bias))
 
 

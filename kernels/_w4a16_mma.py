@@ -238,7 +238,8 @@ class MmaSyncMainloop:
         return 4 * k16 + (((k16 & 2) | (g & 1)) ^ step)
 
     def a_word(self, slot, r, q, s):
-        """Where :meth:`pair_rows` stores step ``s`` of piece ``q`` of row ``r``, in 32-bit words:
+        """Where :meth:`pair_rows` (``nk``), or through :meth:`a_lane_word` the ``n64k128`` copies,
+        store step ``s`` of piece ``q`` of row ``r``, in 32-bit words:
         A-fragment unit ``(q // 2, s)`` of rows ``r % 8``, ``r % 8 + 8`` holds
         ``[g:0, g+8:0, g:1, g+8:1]`` (row, k-half ``q % 2``), one A fragment; on swapped tiles
         ``[g:0, g:1, g+8:0, g+8:1]``, the B fragments of token atoms 0 and 1, each a register

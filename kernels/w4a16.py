@@ -29,7 +29,8 @@ band: one thread of the k-part copies each by ``cp.async.bulk`` onto the slot's 
 the part waits on before computing it; the compute reads the atom in its global order. Fewer
 instructions and no per-thread 16-byte requests: on an H200 up to 1.3x faster than the cp.async
 twin, but up to 11 % slower (the bulk copy's longer latency) in launches of one or two CTAs per
-SM (narrow shapes at 1 token). The tensor-core operand is
+SM (N 256 / N 384 at 1 token without a cluster, tiles the op does not pick there; see
+``MoeW4A16Op.TILES``). The tensor-core operand is
 ``round_to_activation_dtype(int4 * s)`` (:mod:`._w4a16_dequant`), except on decode tiles with
 ``group % tile_k == 0``, where the exact int4 is the operand and each k-tile's fp32 partial sum
 takes its scale in fp32. Two k-loops, chosen by arch and params:

@@ -244,10 +244,10 @@ class MoeW4A16Op(_RegistryOp):
     # (block_m, tile_n, tile_k, stages, cta_threads, split_k, k_ctas, w_copy), best first, per
     # regime; the spec builds the split-k tiles only for the long-k shapes, where they help, and
     # bulk weight copies only on n64k128 weights, so the first tile the registry holds for a
-    # problem is its best. Bulk copies lead every regime but cluster2, where they gained nothing
-    # (an H200, against the cp.async twin: decode 1.19x on FC2 at 16 tokens, and the 128-wide
-    # bulk tile beats FC1's two-part split-k tile 1.13x at 4 tokens; tiny 1.10x on FC1 at 1
-    # token, 1.15x on N 384 at 16; cluster4 1.02-1.04x; cluster2 0.99-1.00x).
+    # problem is its best. Bulk copies lead every decode regime but cluster2, where they gained
+    # nothing (an H200, against the cp.async twin: decode 1.19x on FC2 at 16 tokens, and the
+    # 128-wide bulk tile beats FC1's two-part split-k tile 1.13x at 4 tokens, 1.14x at 16; tiny
+    # 1.10x on FC1 at 1 token, 1.15x on N 384 at 16; cluster4 1.02-1.04x; cluster2 0.99-1.00x).
     _DECODE = tuple((16, 128, 128, 3, threads, 1, 1, "cp_async") for threads in (128, 256, 512))
     _TINY = ((16, 64, 128, 3, 256, 4, 1, "bulk"), (16, 64, 128, 3, 256, 4, 1, "cp_async"), *_DECODE)
     TILES: Mapping[str, Sequence[tuple[int, int, int, int, int, int, int, str]]] = {

@@ -1,7 +1,7 @@
-"""The decode tiles' interleaved activation layout, on the CPU: where the writer (``pair_rows``)
-stores each word is where the reader (``compute_interleaved``) expects it, for the k order of
-either weight layout, no two words collide, and the ``ld.shared.v4`` that reads each A fragment
-is free of bank conflicts."""
+"""The decode tiles' interleaved activation layout, on the CPU: where the writer stores each word
+is where the reader expects it (``nk``: ``pair_rows`` and ``compute_interleaved``, A fragments;
+``n64k128``: ``a_lane_word`` and ``compute_swapped``, B fragments), no two words collide, and
+the ``ld.shared.v4`` that reads each unit is free of bank conflicts."""
 
 from __future__ import annotations
 
