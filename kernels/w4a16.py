@@ -63,6 +63,9 @@ them changes. So variants that differ only in ``cta_threads`` give bit-identical
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -78,38 +81,19 @@ from ._w4a16_mma import MmaSyncMainloop
 from ._w4a16_wgmma import WgmmaMainloop
 from .route_pack import HEADER_WORDS, scratch_bounds
 
-__all__ = ["SMEM_PARAMS", "W4A16", "smem_bytes"]
-
-SMEM_PARAMS = (
-    "element",
-    "k",
-    "group",
-    "block_m",
-    "tile_n",
-    "tile_k",
-    "stages",
-    "split_k",
-    "w_copy",
-)  # smem_bytes' arguments
+__all__ = ["W4A16", "smem_bytes"]
 
 
-def smem_bytes(
-    *,
-    element: str,
-    k: int,
-    group: int,
-    block_m: int,
-    tile_n: int,
-    tile_k: int,
-    stages: int,
-    split_k: int,
-    w_copy: str,
-) -> int:
-    """Dynamic shared memory of a variant; the spec's ``launch.smem`` must say the same: a ring
-    per k-part, one scale slab, and with ``w_copy == "bulk"`` an mbarrier (8 B) per ring slot."""
-    ring = ring_bytes(block_m=block_m, tile_n=tile_n, tile_k=tile_k, stages=stages)
-    mbarriers = 8 * split_k * stages if w_copy == "bulk" else 0
-    return split_k * ring + tile_n * _scale_row_bytes(k, group, 2) + mbarriers
+def smem_bytes(params: Mapping[str, Any]) -> int:
+    """Dynamic shared memory of a variant with these params; the spec's ``launch.smem`` must say
+    the same: a ring per k-part, one scale slab, and with ``w_copy == "bulk"`` an mbarrier (8 B)
+    per ring slot."""
+    split_k, stages = params["split_k"], params["stages"]
+    ring = ring_bytes(
+        block_m=params["block_m"], tile_n=params["tile_n"], tile_k=params["tile_k"], stages=stages
+    )
+    mbarriers = 8 * split_k * stages if params["w_copy"] == "bulk" else 0
+    return split_k * ring + params["tile_n"] * _scale_row_bytes(params["k"], params["group"], 2) + mbarriers
 
 
 def ring_bytes(*, block_m: int, tile_n: int, tile_k: int, stages: int) -> int:
@@ -262,7 +246,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             (split_k > 1 and self.ring_bytes % 1024, "a k-part's ring is whole KiB"),
         ]
         bad = [rule for failed, rule in problems if failed]
-        want = smem_bytes(**{name: self.params[name] for name in SMEM_PARAMS})
+        want = smem_bytes(self.params)
         if bad or self.static.smem != want:
             raise ValueError(
                 f"moe.w4a16 params break {bad or 'nothing'}; launch.smem must be {want} B "

@@ -134,7 +134,7 @@ def test_param_tables_match_the_spec_args() -> None:
 
 
 def test_spec_smem_grid_and_scratch_agree() -> None:
-    from b12x_aot.kernels.w4a16 import SMEM_PARAMS, smem_bytes
+    from b12x_aot.kernels.w4a16 import smem_bytes
 
     from ..kernels.w4a16_reference import HEADER_WORDS, max_blocks
     from ..loader.test_checked_errors import entry_for
@@ -149,7 +149,7 @@ def test_spec_smem_grid_and_scratch_agree() -> None:
         assert contract(other) == contract(spec), path
         accepted, _ = expand(other, archs=["sm_90a"])
         for v in accepted:
-            assert v.static.smem == smem_bytes(**{k: v.id.params[k] for k in SMEM_PARAMS}), v.label
+            assert v.static.smem == smem_bytes(v.id.params), v.label
     assert contract(load_spec(PACK_TILES)) == contract(load_spec(ROUTE_PACK))
     # The GEMM's grid is the block bound that route packing lays out; both specs size the
     # scratch alike, and one buffer sized for the most tokens serves every smaller count.

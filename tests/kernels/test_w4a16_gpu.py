@@ -28,9 +28,10 @@ def _twins(entries, keep, **change) -> list[tuple]:
     return [(e, twin) for e, twin in pairs if twin is not None]
 
 
-def _twin_outputs(gpu_registry, device_arch: str, pairs, tokens, gen):
+def _twin_outputs(gpu_registry, device_arch: str, pairs, tokens, gen, adapt=None):
     """For each ``(entry, twin)`` pair and token count: ``(twin params, tokens, twin's output,
-    entry's output)``, both on the same inputs."""
+    entry's output)``, both on the same inputs (``adapt(entry_case, twin_case)`` first fits
+    them to the entry, e.g. its weight layout)."""
     for entry, twin in pairs:
         p = dict(twin.params)
         pack = route_pack_for(gpu_registry, device_arch, p)
@@ -38,6 +39,8 @@ def _twin_outputs(gpu_registry, device_arch: str, pairs, tokens, gen):
             a = Case(p, m, gen, pack)
             a.launch(pack, prepared(gpu_registry, twin))
             b = a.twin()
+            if adapt is not None:
+                adapt(b, a)
             b.launch(pack, prepared(gpu_registry, entry))
             torch.cuda.synchronize()
             yield p, m, a.out, b.out
@@ -235,17 +238,12 @@ def test_weight_layouts_give_the_same_results(gpu_registry, device_arch: str) ->
     pairs = _twins(entries, lambda p: p.get("w_layout") == "n64k128", w_layout="nk")
     if not pairs:
         pytest.skip("no variant is built in both weight layouts")
-    for atoms, rows in pairs:
-        p = dict(rows.params)
-        pack = route_pack_for(gpu_registry, device_arch, p)
-        for m in (1, 300):
-            one = Case(p, m, gen, pack)
-            one.launch(pack, prepared(gpu_registry, rows))
-            two = one.twin()
-            two.w = w4a16_weights(one.rows, "n64k128")
-            two.launch(pack, prepared(gpu_registry, atoms))
-            torch.cuda.synchronize()
-            if p["block_m"] != 16:
-                assert same_bits(one.out, two.out), f"n64k128 differs from nk: {p} m={m}"
-            else:
-                assert one_rounding_apart(two.out, one.out), f"n64k128 decode strays from nk: {p} m={m}"
+
+    def atom_weights(two: Case, one: Case) -> None:
+        two.w = w4a16_weights(one.rows, "n64k128")
+
+    for p, m, rows, atoms in _twin_outputs(gpu_registry, device_arch, pairs, (1, 300), gen, atom_weights):
+        if p["block_m"] != 16:
+            assert same_bits(rows, atoms), f"n64k128 differs from nk: {p} m={m}"
+        else:
+            assert one_rounding_apart(atoms, rows), f"n64k128 decode strays from nk: {p} m={m}"
