@@ -30,7 +30,11 @@ from b12x_aot.loader import (
 from ._arch import ARCHS
 from .errors import SpecError, SpecFault
 
-__all__ = ["ArgTemplate", "Limits", "Spec", "load_spec", "load_specs"]
+__all__ = ["ARCH_NAME", "ArgTemplate", "Limits", "Spec", "load_spec", "load_specs"]
+
+# Constraints may also read the target arch (e.g. "sm_90a"): a tile that only one arch's
+# instructions make worth building is kept off the others' builds.
+ARCH_NAME = "arch"
 
 _TEMPLATE = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 _ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -300,8 +304,14 @@ def _validate(
     for i, arg in enumerate(model.args):
         for d, dim in enumerate(arg.shape or ()):
             faults.expr(("args", i, "shape", d), dim, params + scalars)
+    if ARCH_NAME in model.params:
+        faults.add(
+            ("params", ARCH_NAME), f"{ARCH_NAME!r} is the target arch constraints read; rename the param"
+        )
     constraints = [
-        e for i, c in enumerate(model.constraints) if (e := faults.expr(("constraints", i), c, params))
+        e
+        for i, c in enumerate(model.constraints)
+        if (e := faults.expr(("constraints", i), c, [*params, ARCH_NAME]))
     ]
     launch = model.launch
     grid = [faults.expr(("launch", "grid", i), g, params + scalars) for i, g in enumerate(launch.grid)]

@@ -1,9 +1,9 @@
 """Expanding specs into variants, and the planner checks that run before any compile.
 
 Every combination of a spec's params, for every arch, is one variant. A variant is rejected
-before compiling, with its reason, when a spec constraint is false, when its block has a
-thread count the arch does not allow, or when its dynamic shared memory exceeds the arch's
-opt-in limit.
+before compiling, with its reason, when a spec constraint (over the params and ``arch``) is
+false, when its block has a thread count the arch does not allow, or when its dynamic shared
+memory exceeds the arch's opt-in limit.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from b12x_aot.loader import Arg, Expr, ExpressionError, StaticGeometry, VariantId
 
 from ._arch import ARCHS
-from ._spec import Spec
+from ._spec import ARCH_NAME, Spec
 from .errors import SpecError, SpecFault
 
 __all__ = ["Rejection", "Variant", "expand", "parse_where"]
@@ -162,7 +162,7 @@ def expand(
             if dtypes not in resolved:
                 resolved[dtypes] = tuple(a.resolve(params) for a in spec.args)
             variant = Variant(spec, vid, resolved[dtypes])
-            reason = constraints.why_not(params)
+            reason = constraints.why_not({**params, ARCH_NAME: arch})
             if reason is not None:
                 rejected.append(Rejection(variant, "constraint", reason))
                 continue

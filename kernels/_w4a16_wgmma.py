@@ -45,7 +45,18 @@ class WgmmaMainloop:
 
     @cute.jit
     def mainloop_wgmma(
-        self, m_out, sc, rows: Int32, nt: Int32, base, s_wv, s_s16, copies, tid: Int32, mask: Uint32
+        self,
+        m_out,
+        sc,
+        rows: Int32,
+        reach: Int32,
+        nt: Int32,
+        base,
+        s_wv,
+        s_s16,
+        copies,
+        tid: Int32,
+        mask: Uint32,
     ):
         """k-loop of ``wgmma`` m64 x block_m x k16 and the epilogue (sm_90a, 64-wide k-tiles).
 
@@ -57,53 +68,72 @@ class WgmmaMainloop:
         with the 128-byte swizzle the copies already apply. A chunk's accumulators receive the
         same wgmmas in the same order whatever the CTA size, so ``cta_threads`` never changes a
         result bit. ``mask``: the dequant's nibble mask register
-        (:func:`~._w4a16_dequant.nibble_mask`).
+        (:func:`~._w4a16_dequant.nibble_mask`). ``reach``: the rows of the row list this CTA
+        computes (:meth:`~.w4a16.W4A16.rows_reached`); past ``block_m``, the wgmmas take
+        ``block_m + tail_rows`` rows.
         """
         bm = self.bm
         c = tid % 4
         sel = Uint32(pair_selector(c))
-        acc = cute.make_rmem_tensor((bm // 2, self.wg_chunks()), Float32)
+        acc = cute.make_rmem_tensor((self.mt // 2, self.wg_chunks()), Float32)
         acc.fill(0.0)
         state = (base.toint(), s_wv, s_s16, copies, tid, sel, mask)
         # Padding rows sit at a block's tail (an expert's last block): the wgmmas cover the
         # narrowest width that holds every real row, so a block of a few real rows costs its
         # dequant but only an n = 16 wgmma per step.
-        self.kloop_fitting(acc, state, sc, rows, (bm, *(x for x in FITTING_WIDTHS if x < bm)))
-        self.store_staged(m_out, sc, rows, nt, acc, base, tid)
+        widths = (bm, *(x for x in FITTING_WIDTHS if x < bm))
+        if cutlass.const_expr(self.tail > 0):
+            if reach > bm:
+                self.kloop_wgmma(acc, state, n=self.mt)
+            else:
+                self.kloop_fitting(acc, state, sc, rows, widths)
+        else:
+            self.kloop_fitting(acc, state, sc, rows, widths)
+        self.store_staged(m_out, sc, rows, reach, nt, acc, base, tid)
 
     @cute.jit
-    def store_staged(self, m_out, sc, rows: Int32, nt: Int32, acc, base, tid: Int32):
+    def store_staged(self, m_out, sc, rows: Int32, reach: Int32, nt: Int32, acc, base, tid: Int32):
         """Epilogue through shared memory: the rounded accumulators into a row-major
-        ``block_m x tile_n`` tile in the idle ring, then each real row out in whole 16-byte
+        ``(block_m + tail_rows) x tile_n`` tile in the idle ring, then each real row of the
+        ``reach`` this CTA computed out in whole 16-byte
         vectors, a warp covering contiguous row segments, instead of one scattered 2- or
         4-byte store per element. Accumulator ``4i + 2rr + e`` of chunk ``ci`` is (weight row
         ``r0 + 8rr``, block row ``8i + 2c + e``). Rows are 16 B longer than the tile, so the
-        accumulator stores of a warp (rows ``2c + e``, columns ``g``) hit distinct banks."""
-        bm, tn, vec = self.bm, self.tn, self.out_vec
+        accumulator stores of a warp (rows ``2c + e``, columns ``g``) hit distinct banks.
+
+        The routes of the thread's output rows are read first, all at once: read between the
+        output stores (which ptxas must assume may write scratch), each would wait for a round
+        trip of its own."""
+        mt, tn, vec = self.mt, self.tn, self.out_vec
         wgs, chunks, wg, v, g = self.warpgroup_coords(tid)
         c = tid % 4
         stride = tn + vec  # elements per staged row
-        s_o = self.tensor(cute.recast_ptr(base, dtype=self.output), bm * stride)
-        s_ov = self.vectors(cute.recast_ptr(base, dtype=self.output), vec, bm * stride // vec)
+        per_row = tn // vec
+        passes = cdiv(mt * per_row, self.threads)
+        routes = cute.make_rmem_tensor((passes,), Int32)  # -1: nothing to store
+        for j in cutlass.range_constexpr(passes):
+            r = (tid + j * self.threads) // per_row
+            routes[j] = -1
+            if r < reach:
+                routes[j] = sc[rows + r]
+        s_o = self.tensor(cute.recast_ptr(base, dtype=self.output), mt * stride)
+        s_ov = self.vectors(cute.recast_ptr(base, dtype=self.output), vec, mt * stride // vec)
         cute.arch.sync_threads()  # every warp's wgmmas, the ring's last readers, are done
         for ci in cutlass.range_constexpr(chunks):
             col = (wg + ci * wgs) * 64 + v * 16 + g
-            for i in cutlass.range_constexpr(bm // 8):
+            for i in cutlass.range_constexpr(mt // 8):
                 for e in cutlass.range_constexpr(2):
                     for rr in cutlass.range_constexpr(2):
                         s_o[(8 * i + 2 * c + e) * stride + col + 8 * rr] = acc[4 * i + 2 * rr + e, ci].to(
                             self.output
                         )
         cute.arch.sync_threads()
-        per_row = tn // vec
         piece = cute.make_rmem_tensor((vec,), self.output)
-        for j in cutlass.range_constexpr(cdiv(bm * per_row, self.threads)):
+        for j in cutlass.range_constexpr(passes):
             r, q = (tid + j * self.threads) // per_row, (tid + j * self.threads) % per_row
-            if r < bm:
-                route = sc[rows + r]
-                if route >= 0:
-                    cute.autovec_copy(s_ov[None, r * (stride // vec) + q], piece)
-                    cute.autovec_copy(piece, m_out[None, route * (self.n // vec) + nt * per_row + q])
+            if routes[j] >= 0:
+                cute.autovec_copy(s_ov[None, r * (stride // vec) + q], piece)
+                cute.autovec_copy(piece, m_out[None, routes[j] * (self.n // vec) + nt * per_row + q])
 
     def wg_chunks(self) -> int:
         """m64 chunks of the tile's weight rows per warpgroup."""
@@ -159,7 +189,7 @@ class WgmmaMainloop:
         group."""
         a_base, s_wv, s_s16, copies, tid, sel, mask = state
         c = tid % 4
-        bm, tn, stages = self.bm, self.tn, self.stages
+        tn, stages = self.tn, self.stages
         wgs, chunks, wg, v, g = self.warpgroup_coords(tid)
         # Shared-memory matrix descriptor: 128-byte swizzle, 1024 bytes between 8-row groups.
         desc_hi = Int64((1 << 62) | ((1024 >> 4) << 32) | (1 << 16))
@@ -172,7 +202,7 @@ class WgmmaMainloop:
         cute.arch.sync_threads()
         nxt = kt + ahead
         if nxt < self.kt_count:
-            self.issue(nxt, nxt % stages, *copies, tid)
+            self.issue(nxt, nxt % stages, *copies, tid, rows=n)  # rows past n: padding
         cute.arch.cp_async_commit_group()
         slot = kt % stages
         for ci in cutlass.range_constexpr(chunks):
@@ -212,6 +242,6 @@ class WgmmaMainloop:
             # accumulators, which needs no fence between them.
             cute.nvgpu.warpgroup.fence()
             for s in cutlass.range_constexpr(4):
-                desc = desc_hi | Int64((a_base + slot * (bm * 128) + 32 * s) >> 4)
+                desc = desc_hi | Int64((a_base + slot * (self.mt * 128) + 32 * s) >> 4)
                 _wgmma_into(acc, ci, frags[s], desc, n=n, ab=ab)
             cute.nvgpu.warpgroup.commit_group()

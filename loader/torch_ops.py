@@ -18,6 +18,7 @@ capturing a graph, as for any registry kernel.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
@@ -241,38 +242,65 @@ class MoeW4A16Op(_RegistryOp):
     """
 
     family = "moe.w4a16"
-    # (block_m, tile_n, tile_k, stages, cta_threads, split_k, k_ctas, w_copy), best first, per
-    # regime; the spec builds the split-k tiles only for the long-k shapes, where they help, and
+    # (block_m, tile_n, tile_k, stages, cta_threads, split_k, k_ctas, w_copy, tail_rows), best
+    # first, per regime; the spec builds the split-k tiles only for the long-k shapes, where they help, and
     # bulk weight copies only on n64k128 weights, so the first tile the registry holds for a
     # problem is its best. Bulk copies lead every decode regime but cluster2, where they gained
     # nothing (an H200, against the cp.async twin: decode 1.19x on FC2 at 16 tokens, and the
     # 128-wide bulk tile beats FC1's two-part split-k tile 1.13x at 4 tokens, 1.14x at 16; tiny
     # 1.10x on FC1 at 1 token, 1.15x on N 384 at 16; cluster4 1.02-1.04x; cluster2 0.99-1.00x).
-    _DECODE = tuple((16, 128, 128, 3, threads, 1, 1, "cp_async") for threads in (128, 256, 512))
-    _TINY = ((16, 64, 128, 3, 256, 4, 1, "bulk"), (16, 64, 128, 3, 256, 4, 1, "cp_async"), *_DECODE)
-    TILES: Mapping[str, Sequence[tuple[int, int, int, int, int, int, int, str]]] = {
-        "cluster4": ((16, 64, 128, 3, 128, 2, 4, "bulk"), (16, 64, 128, 3, 128, 2, 4, "cp_async"), *_TINY),
-        "cluster2": ((16, 64, 128, 3, 128, 2, 2, "cp_async"), *_TINY),
+    # prefill_tail leads with the tile whose CTAs take an expert's short last block along
+    # (tail_rows 16): 1.10-1.15x on FC1 / FC2 when experts average 128 routes, but 0.94-0.96x
+    # where no last block is that short (an H200, 4,096 / 1,024 and 2,048 tokens, topk 8).
+    _DECODE = tuple((16, 128, 128, 3, threads, 1, 1, "cp_async", 0) for threads in (128, 256, 512))
+    _TINY = ((16, 64, 128, 3, 256, 4, 1, "bulk", 0), (16, 64, 128, 3, 256, 4, 1, "cp_async", 0), *_DECODE)
+    _PREFILL = (
+        (128, 128, 64, 4, 128, 1, 1, "cp_async", 0),
+        (128, 128, 64, 4, 256, 1, 1, "cp_async", 0),
+        (64, 128, 64, 4, 128, 1, 1, "cp_async", 0),
+        (64, 128, 64, 3, 128, 1, 1, "cp_async", 0),
+    )
+    TILES: Mapping[str, Sequence[tuple[int, int, int, int, int, int, int, str, int]]] = {
+        "cluster4": (
+            (16, 64, 128, 3, 128, 2, 4, "bulk", 0),
+            (16, 64, 128, 3, 128, 2, 4, "cp_async", 0),
+            *_TINY,
+        ),
+        "cluster2": ((16, 64, 128, 3, 128, 2, 2, "cp_async", 0), *_TINY),
         "tiny": _TINY,
-        "decode": ((16, 128, 128, 3, 128, 1, 1, "bulk"), (16, 64, 128, 3, 128, 2, 1, "cp_async"), *_DECODE),
+        "decode": (
+            (16, 128, 128, 3, 128, 1, 1, "bulk", 0),
+            (16, 64, 128, 3, 128, 2, 1, "cp_async", 0),
+            *_DECODE,
+        ),
         "mid": (
-            (32, 128, 64, 3, 256, 1, 1, "cp_async"),
-            (64, 128, 64, 4, 128, 1, 1, "cp_async"),
-            (64, 128, 64, 3, 128, 1, 1, "cp_async"),
-            (64, 128, 128, 3, 128, 1, 1, "cp_async"),
+            (32, 128, 64, 3, 256, 1, 1, "cp_async", 0),
+            (64, 128, 64, 4, 128, 1, 1, "cp_async", 0),
+            (64, 128, 64, 3, 128, 1, 1, "cp_async", 0),
+            (64, 128, 128, 3, 128, 1, 1, "cp_async", 0),
         ),
-        "prefill": (
-            (128, 128, 64, 4, 128, 1, 1, "cp_async"),
-            (128, 128, 64, 4, 256, 1, 1, "cp_async"),
-            (64, 128, 64, 4, 128, 1, 1, "cp_async"),
-            (64, 128, 64, 3, 128, 1, 1, "cp_async"),
-        ),
+        "prefill": _PREFILL,
+        "prefill_tail": ((128, 128, 64, 4, 128, 1, 1, "cp_async", 16), *_PREFILL),
     }
-    TILE_PARAMS = ("block_m", "tile_n", "tile_k", "stages", "cta_threads", "split_k", "k_ctas", "w_copy")
+    TILE_PARAMS = (
+        "block_m",
+        "tile_n",
+        "tile_k",
+        "stages",
+        "cta_threads",
+        "split_k",
+        "k_ctas",
+        "w_copy",
+        "tail_rows",
+    )
     PACK_THREADS, PACK_ROUTES = 512, 1024
     # Decode regimes by 128-wide tiles per SM, below each bound (measured on an H200): clusters
     # of 4 CTAs per tile, of 2, the split-k tile alone, then the decode tiles
     DECODE_REGIMES = (("cluster4", 0.25), ("cluster2", 0.75), ("tiny", 3.0))
+    # prefill_tail when at least this share of experts is expected to end on a block of at
+    # most 16 routes (see riding_share): 0.42 at 128 routes per expert (1.10-1.15x), 0.34 at
+    # 256 (1.04x), none at 32 or 64 (0.94-0.96x)
+    TAIL_SHARE = 0.25
 
     def __init__(
         self,
@@ -294,13 +322,16 @@ class MoeW4A16Op(_RegistryOp):
     def regime(self, tokens: int, *, routes: int, experts: int, n: int, device: int) -> str:
         """For a decode batch, the first of :attr:`DECODE_REGIMES` whose bound the launch's
         128-wide tiles per SM (at most one per touched expert) are under, else ``decode``;
-        ``mid`` or ``prefill`` by tokens above."""
+        ``mid`` or ``prefill`` by tokens above, ``prefill_tail`` when experts are expected to
+        end on short blocks often enough (:func:`riding_share` at :attr:`TAIL_SHARE`)."""
         if tokens <= self.decode_tokens:
             if device not in self._sms:
                 self._sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
             per_sm = min(routes, experts) * (n // 128) / self._sms[device]
             return next((name for name, bound in self.DECODE_REGIMES if per_sm < bound), "decode")
-        return "prefill" if tokens > self.prefill_tokens else "mid"
+        if tokens <= self.prefill_tokens:
+            return "mid"
+        return "prefill_tail" if riding_share(routes, experts) >= self.TAIL_SHARE else "prefill"
 
     def launches_for(
         self,
@@ -344,10 +375,15 @@ class MoeW4A16Op(_RegistryOp):
         self, a: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, topk: int, output_dtype: torch.dtype
     ) -> None:
         """Resolve and load the variants these inputs need (call before graph capture). A
-        decode-sized batch loads every decode regime's: any batch up to ``decode_tokens`` can
-        then be captured, whichever regime it falls in."""
-        decode = (*(name for name, _ in self.DECODE_REGIMES), "decode")
-        for regime in decode if a.shape[0] <= self.decode_tokens else (None,):
+        decode-sized batch loads every decode regime's, a prefill-sized one both prefill
+        regimes': any batch of the same kind can then be captured, whichever regime it falls in."""
+        tokens = a.shape[0]
+        regimes: Sequence[str | None] = (None,)
+        if tokens <= self.decode_tokens:
+            regimes = (*(name for name, _ in self.DECODE_REGIMES), "decode")
+        elif tokens > self.prefill_tokens:
+            regimes = ("prefill", "prefill_tail")
+        for regime in regimes:
             self.launches_for(a, w, scales, topk, output_dtype, regime)
 
     def _define(self) -> Any:
@@ -390,6 +426,23 @@ class MoeW4A16Op(_RegistryOp):
         output_dtype: torch.dtype,
     ) -> torch.Tensor:
         return self.op(a, w, scales, route_ids, num_experts, output_dtype)
+
+
+def riding_share(routes: int, experts: int, *, block_m: int = 128, tail_rows: int = 16) -> float:
+    """The expected share of ``experts`` whose routes, of ``routes`` spread uniformly, end on a
+    last block of 1 to ``tail_rows`` routes after at least one full block of ``block_m``: the
+    blocks a ``tail_rows`` tile folds into the block before. A normal approximation of each
+    expert's binomial count."""
+    if routes <= 0 or experts <= 0:
+        return 0.0
+    p = 1.0 / experts
+    mean, sd = routes * p, max(math.sqrt(routes * p * (1.0 - p)), 1e-9)
+
+    def below(x: float) -> float:  # P(count <= x)
+        return 0.5 * (1.0 + math.erf((x + 0.5 - mean) / (sd * math.sqrt(2.0))))
+
+    top = int(mean + 8 * sd) // block_m + 1
+    return sum(below(j * block_m + tail_rows) - below(j * block_m) for j in range(1, top + 1))
 
 
 def register_topk_sum(registry: Registry, *, abi: int = 1, namespace: str = "b12x") -> TopKSumOp:

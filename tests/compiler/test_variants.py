@@ -54,3 +54,23 @@ def test_planner_rejects_threads_and_smem(tmp_path: Path) -> None:
     assert "exceeds the sm_120a opt-in limit of 101376 B" in reasons[("sm_120a", 128)].reason
     assert ("sm_90a", 128) not in reasons
     assert {(v.id.arch, v.id.params["cta_threads"]) for v in accepted} >= {("sm_90a", 128), ("sm_100a", 96)}
+
+
+def test_constraints_read_the_target_arch(tmp_path: Path) -> None:
+    text = TOPK_SMALL.replace(
+        'constraints: ["hidden % (cta_threads * 8) == 0"]',
+        "constraints: [\"cta_threads == 128 or arch == 'sm_90a'\"]",
+    )
+    accepted, rejected = expand(load_spec(write_spec(tmp_path, "s.yaml", text)))
+    built = {(v.id.arch, v.id.params["cta_threads"]) for v in accepted}
+    assert ("sm_90a", 256) in built and ("sm_90a", 128) in built and ("sm_120a", 128) in built
+    assert not any(t == 256 for arch, t in built if arch != "sm_90a")
+    gone = {(r.variant.id.arch, r.variant.id.params["cta_threads"]) for r in rejected}
+    assert gone and all(arch != "sm_90a" and t == 256 for arch, t in gone)
+    assert all("arch == 'sm_90a'" in r.reason for r in rejected)
+
+
+def test_a_param_named_arch_is_refused(tmp_path: Path) -> None:
+    text = TOPK_SMALL.replace("cta_threads: [128, 256]", "cta_threads: [128, 256]\n  arch: [x]")
+    with pytest.raises(SpecError, match="'arch' is the target arch constraints read"):
+        load_spec(write_spec(tmp_path, "s.yaml", text))

@@ -28,15 +28,27 @@ def _twins(entries, keep, **change) -> list[tuple]:
     return [(e, twin) for e, twin in pairs if twin is not None]
 
 
-def _twin_outputs(gpu_registry, device_arch: str, pairs, tokens, gen, adapt=None):
+def _registry_twins(gpu_registry, device_arch: str, keep, what: str, **change) -> list[tuple]:
+    """:func:`_twins` over the registry's moe.w4a16 variants; skips the test (no ``what`` in
+    this registry) when there are none."""
+    pairs = _twins(family_variants(gpu_registry, "moe.w4a16", device_arch), keep, **change)
+    if not pairs:
+        pytest.skip(f"no {what} in this registry")
+    return pairs
+
+
+def _twin_outputs(gpu_registry, device_arch: str, pairs, tokens, gen, adapt=None, setup=None):
     """For each ``(entry, twin)`` pair and token count: ``(twin params, tokens, twin's output,
-    entry's output)``, both on the same inputs (``adapt(entry_case, twin_case)`` first fits
-    them to the entry, e.g. its weight layout)."""
+    entry's output)``, both on the same inputs (``setup(case)`` first sets some of them, e.g.
+    the routes; ``adapt(entry_case, twin_case)`` fits them to the entry, e.g. its weight
+    layout)."""
     for entry, twin in pairs:
         p = dict(twin.params)
         pack = route_pack_for(gpu_registry, device_arch, p)
         for m in tokens:
             a = Case(p, m, gen, pack)
+            if setup is not None:
+                setup(a)
             a.launch(pack, prepared(gpu_registry, twin))
             b = a.twin()
             if adapt is not None:
@@ -181,10 +193,13 @@ def test_cluster_variants_are_one_rounding_from_their_one_cta_twins(gpu_registry
     # A cluster only moves k shares to other CTAs and adds the CTA sums in rank order: each
     # output sums the same products as the one-CTA variant, in another fp32 association.
     gen = torch.Generator(device="cuda").manual_seed(23)
-    entries = family_variants(gpu_registry, "moe.w4a16", device_arch)
-    pairs = _twins(entries, lambda p: p.get("k_ctas", 1) > 1, k_ctas=1)
-    if not pairs:
-        pytest.skip("no cluster variant with a one-CTA twin in this registry")
+    pairs = _registry_twins(
+        gpu_registry,
+        device_arch,
+        lambda p: p.get("k_ctas", 1) > 1,
+        "cluster variant with a one-CTA twin",
+        k_ctas=1,
+    )
     for p, m, one, many in _twin_outputs(gpu_registry, device_arch, pairs, (1, 5, 40), gen):
         assert one_rounding_apart(many, one), f"k_ctas vs 1: {p} m={m}"
 
@@ -194,10 +209,13 @@ def test_bulk_weight_copies_give_the_bits_of_cp_async(gpu_registry, device_arch:
     # finds them): the same MMAs on the same operands, so the same bits, at 1, 16 and 40 tokens
     # (one and two token atoms, zero-bucket blocks); a graph replays one.
     gen = torch.Generator(device="cuda").manual_seed(29)
-    entries = family_variants(gpu_registry, "moe.w4a16", device_arch)
-    pairs = _twins(entries, lambda p: p.get("w_copy") == "bulk", w_copy="cp_async")
-    if not pairs:
-        pytest.skip("no bulk-copy variant with a cp.async twin in this registry")
+    pairs = _registry_twins(
+        gpu_registry,
+        device_arch,
+        lambda p: p.get("w_copy") == "bulk",
+        "bulk-copy variant with a cp.async twin",
+        w_copy="cp_async",
+    )
     for p, m, plain, bulk in _twin_outputs(gpu_registry, device_arch, pairs, (1, 16, 40), gen):
         assert same_bits(plain, bulk), f"bulk vs cp_async: {p} m={m}"
     replay_equals_eager(gpu_registry, device_arch, pairs[0][0], gen)
@@ -234,10 +252,13 @@ def test_weight_layouts_give_the_same_results(gpu_registry, device_arch: str) ->
     # w4a16_weights makes gives the bits of its nk twin on the rows. Decode tiles (block_m 16)
     # sum other k's per MMA step in each order: their outputs are one rounding apart at most.
     gen = torch.Generator(device="cuda").manual_seed(21)
-    entries = family_variants(gpu_registry, "moe.w4a16", device_arch)
-    pairs = _twins(entries, lambda p: p.get("w_layout") == "n64k128", w_layout="nk")
-    if not pairs:
-        pytest.skip("no variant is built in both weight layouts")
+    pairs = _registry_twins(
+        gpu_registry,
+        device_arch,
+        lambda p: p.get("w_layout") == "n64k128",
+        "n64k128 variant with an nk twin",
+        w_layout="nk",
+    )
 
     def atom_weights(two: Case, one: Case) -> None:
         two.w = w4a16_weights(one.rows, "n64k128")
@@ -247,3 +268,33 @@ def test_weight_layouts_give_the_same_results(gpu_registry, device_arch: str) ->
             assert same_bits(rows, atoms), f"n64k128 differs from nk: {p} m={m}"
         else:
             assert one_rounding_apart(atoms, rows), f"n64k128 decode strays from nk: {p} m={m}"
+
+
+def test_tail_rows_give_the_bits_of_their_own_blocks(gpu_registry, device_arch: str) -> None:
+    # tail_rows only moves an expert's short last block into the CTAs of the block before it
+    # (a wider wgmma over the same k-loop): each output takes the same wgmmas in the same k
+    # order, so the bits of the tail_rows 0 twin. Per-expert route counts around the 128-row
+    # blocks: 129 and 144 ride along, 145 and 300 do not, 128 has no last partial block, 257
+    # rides along after two full blocks, 16 alone has no block before it; a graph replays one.
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    pairs = _registry_twins(
+        gpu_registry,
+        device_arch,
+        lambda p: p.get("tail_rows", 0) > 0,
+        "tail_rows variant with a tail_rows 0 twin",
+        tail_rows=0,
+    )
+    counts = {0: 129, 1: 144, 2: 145, 3: 128, 4: 257, 5: 16, 7: 300, 9: 1}
+    routes = torch.cat([torch.full((c,), e, dtype=torch.int32) for e, c in counts.items()])
+
+    def crafted(case: Case) -> None:
+        order = torch.randperm(routes.numel(), generator=torch.Generator().manual_seed(3))
+        ids = torch.full((case.m * case.p["topk"],), -1, dtype=torch.int32)
+        ids[: routes.numel()] = routes[order]
+        case.ids = ids.view(case.m, case.p["topk"]).to("cuda")
+
+    tokens = -(-routes.numel() // pairs[0][0].params["topk"]) + 3
+    for p, m, own, riding in _twin_outputs(gpu_registry, device_arch, pairs, (tokens,), gen, setup=crafted):
+        assert same_bits(own, riding), f"tail_rows vs 0: {p} m={m}"
+        assert not torch.isnan(riding).any(), f"unwritten rows: {p} m={m}"
+    replay_equals_eager(gpu_registry, device_arch, pairs[0][0], gen)

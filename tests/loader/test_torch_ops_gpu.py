@@ -144,6 +144,31 @@ def test_moe_w4a16_preload_covers_every_decode_batch(gpu_registry) -> None:
     assert torch.equal(out, eager)
 
 
+def test_moe_w4a16_prefill_regimes_follow_the_routes_per_expert_and_preload_together(gpu_registry) -> None:
+    # 512 tokens x 8 routes over 32 experts average 128 per expert: many end on a block of at
+    # most 16 routes, so the op leads with the tail_rows tile; 384 tokens (96 each) do not. One
+    # preload, at either size, loads both: capturing the other loads nothing.
+    from b12x_aot.loader.torch_ops import MoeW4A16Op, riding_share
+
+    op, gen, w, s = moe_op_and_weights(gpu_registry, "b12x_test_moe_prefill", 13)
+    dtype = torch.bfloat16
+    sizes = {"prefill": 384, "prefill_tail": 512}
+    for regime, m in sizes.items():
+        assert op.regime(m, routes=m * TOPK, experts=EXPERTS, n=N, device=0) == regime
+        assert (riding_share(m * TOPK, EXPERTS) >= MoeW4A16Op.TAIL_SHARE) == (regime == "prefill_tail")
+    op.preload(torch.zeros(sizes["prefill"], K, device="cuda", dtype=dtype), w, s, TOPK, dtype)
+    loads = gpu_registry.stats.loads
+    for regime, m in sizes.items():
+        args, fresh = moe_inputs(m, w, s, gen), moe_inputs(m, w, s, gen)
+        tail = op.launches_for(args[0], w, s, TOPK, dtype)[1].entry.params["tail_rows"]
+        first = dict(zip(MoeW4A16Op.TILE_PARAMS, MoeW4A16Op.TILES[regime][0], strict=True))
+        assert tail == first["tail_rows"], (regime, tail)
+        _eager_graph_compiled(
+            lambda a, w_, s_, ids: op.op(a, w_, s_, ids, EXPERTS, dtype), args, fresh, check_moe
+        )
+    assert gpu_registry.stats.loads == loads, "a variant was loaded after the preload"
+
+
 def test_moe_w4a16_cluster_regimes_match_the_reference_eager_and_in_graphs(gpu_registry) -> None:
     # A narrow shape (n 256) at 1 and 4 tokens has too few tiles to fill an H200's SMs: a
     # cluster of CTAs splits each tile's k (4 and 2 CTAs), and the op still meets the reference.
@@ -198,7 +223,8 @@ def test_moe_w4a16_op_on_n64k128_weights_gives_the_nk_results(gpu_registry) -> N
             assert params["w_layout"] == layout
             picks[layout] = tuple(params[key] for key in MoeW4A16Op.TILE_PARAMS)
         assert picks["n64k128"] == tiles[0], (regime, picks)
-        assert picks["nk"] == next(t for t in tiles if t[-1] != "bulk"), (regime, picks)
+        copy = MoeW4A16Op.TILE_PARAMS.index("w_copy")
+        assert picks["nk"] == next(t for t in tiles if t[copy] != "bulk"), (regime, picks)
         torch.cuda.synchronize()
         if picks["nk"][0] != 16:
             assert picks["nk"] == picks["n64k128"] and torch.equal(got, want), m
