@@ -178,13 +178,18 @@ class MmaSyncMainloop:
 
     @cute.jit
     def store_mma(self, m_out, sc, rows: Int32, nt: Int32, acc, warp: Int32, g: Int32, c: Int32):
-        """The epilogue: round once, store the two adjacent columns of each row this lane holds."""
+        """The epilogue: round once, store the two adjacent columns of each row this lane holds.
+        The rows' routes are read first, at once (why: ``WgmmaMainloop.store_staged``)."""
         tn = self.tn
         half = self.vectors(m_out.iterator, 2, cute.size(m_out) // 2)
         y = cute.make_rmem_tensor((2,), self.output)
+        routes = cute.make_rmem_tensor((self.ma, 2), Int32)
         for mi in cutlass.range_constexpr(self.ma):
             for h in cutlass.range_constexpr(2):
-                route = sc[rows + mi * 16 + h * 8 + g]
+                routes[mi, h] = sc[rows + mi * 16 + h * 8 + g]
+        for mi in cutlass.range_constexpr(self.ma):
+            for h in cutlass.range_constexpr(2):
+                route = routes[mi, h]
                 if route >= 0:
                     for at in cutlass.range_constexpr(self.na):
                         col = nt * tn + warp * self.nw + at * 8 + 2 * c
@@ -279,7 +284,7 @@ class MmaSyncMainloop:
         ``2s + 1`` of its ``nk`` weight row's 32-byte chunk (each 16-byte half loaded once,
         broadcast), or, in ``n64k128``, its own 8 bytes of the chunk (one load per chunk).
         """
-        bm, tn, qa = self.bm, self.tn, self.qa
+        tn, qa = self.tn, self.qa
         na, ma = self.na, self.ma
         for j in cutlass.range_constexpr(self.tk // 64):
             wv = cute.make_rmem_tensor((2 if self.atoms else 4, na), Uint32)
@@ -305,7 +310,7 @@ class MmaSyncMainloop:
                         sp2[at] = scale_pair(v)
                 afr = cute.make_rmem_tensor((4, ma), Uint32)
                 for mi in cutlass.range_constexpr(ma):
-                    x = ldmatrix_x4((a_row0 + (slot * bm + mi * 16) * (qa * 16) + j * 128) ^ (s << 5))
+                    x = ldmatrix_x4((a_row0 + (slot * self.mt + mi * 16) * (qa * 16) + j * 128) ^ (s << 5))
                     for i in cutlass.range_constexpr(4):
                         afr[i, mi] = x[i]
                 bfr = cute.make_rmem_tensor((2, na), Uint32)
@@ -482,11 +487,16 @@ class MmaSyncMainloop:
     def store_swapped(self, m_out, sc, rows: Int32, nt: Int32, acc, warp: Int32, g: Int32, c: Int32):
         """The swapped decode epilogue: accumulator ``2rr + e`` of (m16 atom ``mi``, n8 atom
         ``ni``) is weight row ``16mi + 8rr + g`` of the warp's, token row ``8ni + 2c + e``;
-        round once and store each as one element."""
+        round once and store each as one element. The four routes are read first, at once
+        (why: ``WgmmaMainloop.store_staged``)."""
         one = self.tensor(m_out.iterator, cute.size(m_out))
+        routes = cute.make_rmem_tensor((2, 2), Int32)
         for ni in cutlass.range_constexpr(2):
             for e in cutlass.range_constexpr(2):
-                route = sc[rows + ni * 8 + 2 * c + e]
+                routes[ni, e] = sc[rows + ni * 8 + 2 * c + e]
+        for ni in cutlass.range_constexpr(2):
+            for e in cutlass.range_constexpr(2):
+                route = routes[ni, e]
                 if route >= 0:
                     for mi in cutlass.range_constexpr(self.mw):
                         for rr in cutlass.range_constexpr(2):

@@ -7,7 +7,8 @@ chunks dequantizes one chunk while the tensor cores run the one before, and with
 or more stages across k-tiles too (see :meth:`WgmmaMainloop.kloop_wgmma`). Blocks of more than
 64 rows amortize each dequantized weight over more tokens. An expert's last block is often
 mostly padding: its k-loop issues wgmmas only as wide as its real rows need (the narrowest of
-``block_m`` and :data:`FITTING_WIDTHS`). The epilogue stages the output tile in the idle ring
+``block_m`` and :data:`FITTING_WIDTHS`); with ``tail_rows``, a block that takes the next
+block's few rows along issues them ``block_m + tail_rows`` wide. The epilogue stages the output tile in the idle ring
 (tiles whose ring cannot hold it take the ``mma.sync`` loop), so rows leave in whole 16-byte
 vectors.
 """
@@ -58,7 +59,7 @@ class WgmmaMainloop:
         tid: Int32,
         mask: Uint32,
     ):
-        """k-loop of ``wgmma`` m64 x block_m x k16 and the epilogue (sm_90a, 64-wide k-tiles).
+        """k-loop of ``wgmma`` m64 x (up to ``block_m + tail_rows``) x k16 and the epilogue (sm_90a, 64-wide k-tiles).
 
         Warpgroup ``wg`` owns the m64 chunks ``wg, wg + WG, ...`` of the tile's weight rows; in
         each, warp ``v`` holds rows ``16v + g`` and ``16v + g + 8``. A k16 step's A fragment is

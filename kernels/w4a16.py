@@ -27,8 +27,8 @@ so the same bits. On an H200 at 128 routes per expert (4,096 tokens, topk 8, 256
 it by the expected share of such experts (``MoeW4A16Op.TAIL_SHARE``).
 
 Per CTA: the block's ``tile_n x k / group`` scale slab is copied to shared memory once, then
-``block_m x tile_k`` activation rows (gathered by route, padding rows skipped) and the
-``tile_n x tile_k / 2`` packed weights stream through a ``stages``-deep ``cp.async`` ring
+``block_m`` (``+ tail_rows``) ``x tile_k`` activation rows (gathered by route, padding rows
+skipped) and the ``tile_n x tile_k / 2`` packed weights stream through a ``stages``-deep ``cp.async`` ring
 (decode tiles on ``nk`` weights load their few activation rows into registers one k-tile ahead
 and store them in the k order of the cheaper dequant; on ``n64k128`` each 4-byte word is copied
 straight to its MMA lane's place; see :mod:`._w4a16_mma`). With ``w_copy == "bulk"`` (``n64k128``
@@ -320,17 +320,24 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         routes, live, nblk = scratch_bounds(
             num_tokens, num_experts, topk=self.topk, block_m=bm, e_cap=self.e_cap
         )
-        sc = self.tensor(scratch, HEADER_WORDS + nblk * (1 + bm))
+        words = HEADER_WORDS + nblk * (1 + bm)  # the route pack's scratch: header, experts, rows
+        sc = self.tensor(scratch, words)
         m_out = self.vectors(out, self.out_vec, routes * self.n // self.out_vec)
-        if blk < sc[0]:
-            expert = sc[HEADER_WORDS + blk]
-            rows = HEADER_WORDS + nblk + blk * bm
+        # The block's expert and its rows' routes are read together (each index is inside the
+        # scratch whatever the block holds), ahead of the test on the expert: behind it, the
+        # routes would wait for the expert's round trip before the first copy could go out.
+        rows = HEADER_WORDS + nblk + blk * bm
+        used, expert = sc[0], sc[HEADER_WORDS + blk]
+        row_routes = self.block_routes(sc, rows, words - 1, tid % self.threads)
+        if blk < used:
             if expert >= 0 and expert < live:
                 reach = Int32(bm)
                 if cutlass.const_expr(self.tail > 0):
                     reach = self.rows_reached(sc, blk, rows, expert, nblk)
                 if reach > 0:
-                    self.gemm_block(m_out, a, w, scales, sc, rows, reach, expert, nt, num_tokens, tid, rank)
+                    self.gemm_block(
+                        m_out, a, w, scales, sc, rows, reach, row_routes, expert, nt, num_tokens, tid, rank
+                    )
             elif rank == 0:  # one CTA of a cluster writes the zeros
                 zero = cute.make_rmem_tensor((self.out_vec,), self.output)
                 zero.fill(0.0)
@@ -361,6 +368,17 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         if (blk + 1 < sc[0]) & (nxt == expert) & (next_row < 0):
             reach = Int32(self.mt)
         return reach
+
+    @cute.jit
+    def block_routes(self, sc, rows: Int32, last: Int32, tid: Int32):
+        """The route of the block row each activation copy pass of part thread ``tid`` takes
+        (:meth:`a_piece`), read at an index clamped to the scratch's ``last`` word: rows past
+        the block's reach are not used (:meth:`gemm_block`)."""
+        row_routes = cute.make_rmem_tensor((self.ra,), Int32)
+        for i in cutlass.range_constexpr(self.ra):
+            r, _ = self.a_piece(tid, i)
+            row_routes[i] = sc[cutlass.min(rows + r, last)]
+        return row_routes
 
     def a_passes(self, rows: int = 0) -> int:
         """Activation copy passes that cover a tile's first ``rows`` rows (all, when 0)."""
@@ -506,14 +524,16 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         sc,
         rows: Int32,
         reach: Int32,
+        row_routes,
         expert: Int32,
         nt: Int32,
         num_tokens: Int32,
         tid: Int32,
         rank: Int32,
     ):
-        """The ``block_m x tile_n`` tile of one expert block (``reach`` rows of the row list:
-        see :meth:`rows_reached`): mainloop and epilogue."""
+        """The ``reach x tile_n`` tile from one expert block's first row: ``block_m`` rows, or
+        with the next block's few rows (see :meth:`rows_reached`; ``row_routes``:
+        :meth:`block_routes`). Mainloop and epilogue."""
         if cutlass.const_expr(self.tail and not self.uses_wgmma()):
             raise ValueError("tail_rows > 0 needs a wgmma tile (sm_90a, see uses_wgmma)")
         bm, tn, tk, stages = self.bm, self.tn, self.tk, self.stages
@@ -576,10 +596,8 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         for i in cutlass.range_constexpr(ra):
             r, q = self.a_piece(tid, i)
             a_src[i] = -1
-            if r < reach:
-                route = sc[rows + r]
-                if route >= 0:
-                    a_src[i] = (route // self.topk) * (self.k // 8) + q
+            if (r < reach) & (row_routes[i] >= 0):
+                a_src[i] = (row_routes[i] // self.topk) * (self.k // 8) + q
         staged = None  # interleaved nk tiles' next activation pieces
         if cutlass.const_expr(self.interleave and not self.atoms):
             staged = cute.make_rmem_tensor((4, ra), Uint32)

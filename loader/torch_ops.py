@@ -234,7 +234,8 @@ class MoeW4A16Op(_RegistryOp):
     The tile follows the batch: decode tiles (``block_m`` 16) for up to ``decode_tokens``
     tokens (split-k ones when the launch would have few tiles per SM: a few tokens route to
     a handful of experts, or the shape is narrow; below 3/4 of a 128-wide tile per SM, clusters
-    of CTAs split each tile's k too), prefill tiles above ``prefill_tokens``, mid
+    of CTAs split each tile's k too), prefill tiles above ``prefill_tokens`` (``prefill_tail``
+    ones when many experts are expected to end on a short block: :func:`riding_share`), mid
     tiles between, each the first the registry holds in :attr:`TILES` order. Tiles sum in different fp32 orders, so a token's
     output bits can differ between batch sizes that pick different tiles (every tile meets the
     same accuracy bar); for one batch size they are always the same. The route-pack scratch
@@ -298,7 +299,7 @@ class MoeW4A16Op(_RegistryOp):
     # of 4 CTAs per tile, of 2, the split-k tile alone, then the decode tiles
     DECODE_REGIMES = (("cluster4", 0.25), ("cluster2", 0.75), ("tiny", 3.0))
     # prefill_tail when at least this share of experts is expected to end on a block of at
-    # most 16 routes (see riding_share): 0.42 at 128 routes per expert (1.10-1.15x), 0.34 at
+    # most 16 routes (see riding): 0.42 at 128 routes per expert (1.10-1.15x), 0.34 at
     # 256 (1.04x), none at 32 or 64 (0.94-0.96x)
     TAIL_SHARE = 0.25
 
@@ -323,7 +324,7 @@ class MoeW4A16Op(_RegistryOp):
         """For a decode batch, the first of :attr:`DECODE_REGIMES` whose bound the launch's
         128-wide tiles per SM (at most one per touched expert) are under, else ``decode``;
         ``mid`` or ``prefill`` by tokens above, ``prefill_tail`` when experts are expected to
-        end on short blocks often enough (:func:`riding_share` at :attr:`TAIL_SHARE`)."""
+        end on short blocks often enough (:meth:`riding` at :attr:`TAIL_SHARE`)."""
         if tokens <= self.decode_tokens:
             if device not in self._sms:
                 self._sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
@@ -331,7 +332,14 @@ class MoeW4A16Op(_RegistryOp):
             return next((name for name, bound in self.DECODE_REGIMES if per_sm < bound), "decode")
         if tokens <= self.prefill_tokens:
             return "mid"
-        return "prefill_tail" if riding_share(routes, experts) >= self.TAIL_SHARE else "prefill"
+        return "prefill_tail" if self.riding(routes, experts) >= self.TAIL_SHARE else "prefill"
+
+    @classmethod
+    def riding(cls, routes: int, experts: int) -> float:
+        """:func:`riding_share` for the ``block_m`` and ``tail_rows`` of ``prefill_tail``'s
+        lead tile."""
+        lead = dict(zip(cls.TILE_PARAMS, cls.TILES["prefill_tail"][0], strict=True))
+        return riding_share(routes, experts, block_m=lead["block_m"], tail_rows=lead["tail_rows"])
 
     def launches_for(
         self,
@@ -428,7 +436,7 @@ class MoeW4A16Op(_RegistryOp):
         return self.op(a, w, scales, route_ids, num_experts, output_dtype)
 
 
-def riding_share(routes: int, experts: int, *, block_m: int = 128, tail_rows: int = 16) -> float:
+def riding_share(routes: int, experts: int, *, block_m: int, tail_rows: int) -> float:
     """The expected share of ``experts`` whose routes, of ``routes`` spread uniformly, end on a
     last block of 1 to ``tail_rows`` routes after at least one full block of ``block_m``: the
     blocks a ``tail_rows`` tile folds into the block before. A normal approximation of each

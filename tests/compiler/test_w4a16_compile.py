@@ -197,7 +197,7 @@ def test_the_torch_ops_tiles_are_ones_the_spec_builds() -> None:
                 if problem[5] == "n64k128" and (twin in have or regime == "decode"):
                     assert bulk in have, (regime, bulk, problem)
     # Group 32 (long-k shapes) has mid and prefill tiles on every arch, sm_120a's 101,376 B of
-    # shared memory included.
+    # shared memory included (prefill_tail falls back to a prefill tile off sm_90a).
     for arch in ARCHS:
         accepted, _ = expand(load_spec(W4A16), archs=[arch])
         group32: dict[tuple, set[tuple]] = {}
@@ -207,7 +207,7 @@ def test_the_torch_ops_tiles_are_ones_the_spec_builds() -> None:
                 problem = (p["element"], p["output"], p["n"], p["k"], p["w_layout"])
                 group32.setdefault(problem, set()).add(tuple(p[k] for k in keys))
         assert len(group32) == 3 * 3 * 2, arch  # dtype pairs x long-k shapes x layouts
-        for regime in ("mid", "prefill"):
+        for regime in ("mid", "prefill", "prefill_tail"):
             for problem, have in group32.items():
                 assert have.intersection(MoeW4A16Op.TILES[regime]), (arch, regime, problem)
 

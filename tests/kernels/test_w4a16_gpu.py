@@ -130,12 +130,14 @@ def test_invalid_ids_give_exact_zero_rows_and_read_no_weights(gpu_registry, devi
     assert same_bits(case.out, torch.zeros_like(case.out))
 
 
-def replay_equals_eager(gpu_registry, device_arch: str, entry, gen) -> None:
-    """Capture one launch pair, replay it on three fresh input sets: each equals an eager launch."""
+def replay_equals_eager(gpu_registry, device_arch: str, entry, gen, m: int = 64, setup=None) -> None:
+    """Capture one launch pair of ``m`` tokens, replay it on three fresh input sets (each set
+    up by ``setup(case)`` first, as in :func:`_twin_outputs`): each equals an eager launch."""
     p = dict(entry.params)
     gemm, pack = prepared(gpu_registry, entry), route_pack_for(gpu_registry, device_arch, p)
-    m = 64
     static = Case(p, m, gen, pack)
+    if setup is not None:
+        setup(static)
     loads = gpu_registry.stats.loads
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -147,6 +149,8 @@ def replay_equals_eager(gpu_registry, device_arch: str, entry, gen) -> None:
     assert gpu_registry.stats.loads == loads  # nothing loaded during capture
     for _ in range(3):
         fresh = Case(p, m, gen, pack)
+        if setup is not None:
+            setup(fresh)
         for name, t in fresh.inputs().items():
             static.inputs()[name].copy_(t)
         static.out.fill_(float("nan"))
@@ -275,7 +279,10 @@ def test_tail_rows_give_the_bits_of_their_own_blocks(gpu_registry, device_arch: 
     # (a wider wgmma over the same k-loop): each output takes the same wgmmas in the same k
     # order, so the bits of the tail_rows 0 twin. Per-expert route counts around the 128-row
     # blocks: 129 and 144 ride along, 145 and 300 do not, 128 has no last partial block, 257
-    # rides along after two full blocks, 16 alone has no block before it; a graph replays one.
+    # rides along after two full blocks, 16 alone has no block before it, and 136, the last
+    # expert's, rides along into the last block in use when no invalid route follows it (1,256
+    # routes: 157 tokens of 8) and before the invalid routes' block when 3 padding tokens do.
+    # A graph replays the riding blocks too.
     gen = torch.Generator(device="cuda").manual_seed(31)
     pairs = _registry_twins(
         gpu_registry,
@@ -284,17 +291,18 @@ def test_tail_rows_give_the_bits_of_their_own_blocks(gpu_registry, device_arch: 
         "tail_rows variant with a tail_rows 0 twin",
         tail_rows=0,
     )
-    counts = {0: 129, 1: 144, 2: 145, 3: 128, 4: 257, 5: 16, 7: 300, 9: 1}
+    counts = {0: 129, 1: 144, 2: 145, 3: 128, 4: 257, 5: 16, 7: 300, 9: 1, 11: 136}
     routes = torch.cat([torch.full((c,), e, dtype=torch.int32) for e, c in counts.items()])
+    orders = torch.Generator().manual_seed(3)
 
     def crafted(case: Case) -> None:
-        order = torch.randperm(routes.numel(), generator=torch.Generator().manual_seed(3))
         ids = torch.full((case.m * case.p["topk"],), -1, dtype=torch.int32)
-        ids[: routes.numel()] = routes[order]
+        ids[: routes.numel()] = routes[torch.randperm(routes.numel(), generator=orders)]
         case.ids = ids.view(case.m, case.p["topk"]).to("cuda")
 
-    tokens = -(-routes.numel() // pairs[0][0].params["topk"]) + 3
-    for p, m, own, riding in _twin_outputs(gpu_registry, device_arch, pairs, (tokens,), gen, setup=crafted):
+    whole = -(-routes.numel() // pairs[0][0].params["topk"])
+    tokens = (whole, whole + 3)
+    for p, m, own, riding in _twin_outputs(gpu_registry, device_arch, pairs, tokens, gen, setup=crafted):
         assert same_bits(own, riding), f"tail_rows vs 0: {p} m={m}"
         assert not torch.isnan(riding).any(), f"unwritten rows: {p} m={m}"
-    replay_equals_eager(gpu_registry, device_arch, pairs[0][0], gen)
+    replay_equals_eager(gpu_registry, device_arch, pairs[0][0], gen, m=whole, setup=crafted)

@@ -83,6 +83,29 @@ def moe_inputs(m: int, w, s, gen, experts: int = EXPERTS, dtype=torch.bfloat16) 
     return a, w, s, ids
 
 
+def tile_of(params: dict) -> tuple:
+    """An moe.w4a16 entry's params as a tile of :attr:`MoeW4A16Op.TILES`."""
+    from b12x_aot.loader.torch_ops import MoeW4A16Op
+
+    return tuple(params[key] for key in MoeW4A16Op.TILE_PARAMS)
+
+
+def first_held(gpu_registry, regime: str, picked: dict) -> tuple:
+    """The first tile of ``regime`` that the registry holds for this GPU's arch and the problem
+    of ``picked`` (an entry's params): the one the op should take (a tail_rows tile, say, is
+    built for sm_90a only)."""
+    from b12x_aot.loader.torch_ops import MoeW4A16Op
+
+    problem = {key: v for key, v in picked.items() if key not in MoeW4A16Op.TILE_PARAMS}
+    arch = gpu_registry.arch(0)
+    held = {
+        tile_of(e.params)
+        for e in gpu_registry.entries()
+        if e.family == "moe.w4a16" and e.arch == arch and all(e.params[k] == v for k, v in problem.items())
+    }
+    return next(tile for tile in MoeW4A16Op.TILES[regime] if tile in held)
+
+
 def check_moe(out: torch.Tensor, given: tuple, experts: int = EXPERTS) -> None:
     """``out`` of the op on ``given`` (:func:`moe_inputs`) against the fp64 reference: relative
     error under 1e-2, and invalid routes' rows exact zeros."""
@@ -146,23 +169,23 @@ def test_moe_w4a16_preload_covers_every_decode_batch(gpu_registry) -> None:
 
 def test_moe_w4a16_prefill_regimes_follow_the_routes_per_expert_and_preload_together(gpu_registry) -> None:
     # 512 tokens x 8 routes over 32 experts average 128 per expert: many end on a block of at
-    # most 16 routes, so the op leads with the tail_rows tile; 384 tokens (96 each) do not. One
-    # preload, at either size, loads both: capturing the other loads nothing.
-    from b12x_aot.loader.torch_ops import MoeW4A16Op, riding_share
+    # most 16 routes, so the op leads with the tail_rows tile (where the arch has it); 384
+    # tokens (96 each) do not. One preload, at either size, loads both: capturing the other
+    # loads nothing.
+    from b12x_aot.loader.torch_ops import MoeW4A16Op
 
     op, gen, w, s = moe_op_and_weights(gpu_registry, "b12x_test_moe_prefill", 13)
     dtype = torch.bfloat16
     sizes = {"prefill": 384, "prefill_tail": 512}
     for regime, m in sizes.items():
         assert op.regime(m, routes=m * TOPK, experts=EXPERTS, n=N, device=0) == regime
-        assert (riding_share(m * TOPK, EXPERTS) >= MoeW4A16Op.TAIL_SHARE) == (regime == "prefill_tail")
+        assert (MoeW4A16Op.riding(m * TOPK, EXPERTS) >= MoeW4A16Op.TAIL_SHARE) == (regime == "prefill_tail")
     op.preload(torch.zeros(sizes["prefill"], K, device="cuda", dtype=dtype), w, s, TOPK, dtype)
     loads = gpu_registry.stats.loads
     for regime, m in sizes.items():
         args, fresh = moe_inputs(m, w, s, gen), moe_inputs(m, w, s, gen)
-        tail = op.launches_for(args[0], w, s, TOPK, dtype)[1].entry.params["tail_rows"]
-        first = dict(zip(MoeW4A16Op.TILE_PARAMS, MoeW4A16Op.TILES[regime][0], strict=True))
-        assert tail == first["tail_rows"], (regime, tail)
+        picked = op.launches_for(args[0], w, s, TOPK, dtype)[1].entry.params
+        assert tile_of(picked) == first_held(gpu_registry, regime, picked), (regime, picked)
         _eager_graph_compiled(
             lambda a, w_, s_, ids: op.op(a, w_, s_, ids, EXPERTS, dtype), args, fresh, check_moe
         )
@@ -201,9 +224,10 @@ def test_moe_w4a16_op_on_n64k128_weights_gives_the_nk_results(gpu_registry) -> N
     # The op built for atom-ordered weights takes the first tile of each regime, the one for
     # nk rows the first without bulk weight copies (which only n64k128 variants have): on an
     # H200, the four-part split-k tile at 1 token (bulk copies on n64k128), the 128-wide bulk
-    # tile (n64k128) and the two-part split-k tile (nk) at 16, a prefill tile for both at 512.
-    # The prefill tile gives the same bits; decode tiles sum other k's per MMA step in each
-    # order, so their fp32 sums may differ in the last bits: one bf16 rounding step apart.
+    # tile (n64k128) and the two-part split-k tile (nk) at 16, the tail_rows prefill tile for
+    # both at 512 (32 experts: prefill_tail). The prefill tile gives the same bits; decode
+    # tiles sum other k's per MMA step in each order, so their fp32 sums may differ in the
+    # last bits: one bf16 rounding step apart.
     from b12x_aot.loader.torch_ops import MoeW4A16Op, register_moe_w4a16, w4a16_weights
 
     rows_op, gen, w, s = moe_op_and_weights(gpu_registry, "b12x_test_moe_rows", 10)
@@ -216,15 +240,13 @@ def test_moe_w4a16_op_on_n64k128_weights_gives_the_nk_results(gpu_registry) -> N
         want = rows_op(a, w, s, ids, EXPERTS, dtype)
         got = atoms_op(a, atoms, s, ids, EXPERTS, dtype)
         regime = rows_op.regime(m, routes=m * TOPK, experts=EXPERTS, n=N, device=0)
-        tiles = MoeW4A16Op.TILES[regime]
         picks = {}
         for op, x, layout in ((rows_op, w, "nk"), (atoms_op, atoms, "n64k128")):
             params = op.launches_for(a, x, s, TOPK, dtype)[1].entry.params
             assert params["w_layout"] == layout
-            picks[layout] = tuple(params[key] for key in MoeW4A16Op.TILE_PARAMS)
-        assert picks["n64k128"] == tiles[0], (regime, picks)
-        copy = MoeW4A16Op.TILE_PARAMS.index("w_copy")
-        assert picks["nk"] == next(t for t in tiles if t[copy] != "bulk"), (regime, picks)
+            picks[layout] = tile_of(params)
+            assert picks[layout] == first_held(gpu_registry, regime, params), (regime, picks)
+        assert picks["nk"][MoeW4A16Op.TILE_PARAMS.index("w_copy")] != "bulk", picks
         torch.cuda.synchronize()
         if picks["nk"][0] != 16:
             assert picks["nk"] == picks["n64k128"] and torch.equal(got, want), m
