@@ -235,7 +235,7 @@ class MoeW4A16Op(_RegistryOp):
     tokens (split-k ones when the launch would have few tiles per SM: a few tokens route to
     a handful of experts, or the shape is narrow; below 3/4 of a 128-wide tile per SM, clusters
     of CTAs split each tile's k too), prefill tiles above ``prefill_tokens`` (``prefill_tail``
-    ones when many experts are expected to end on a short block: :func:`riding_share`), mid
+    ones when many experts are expected to end on a short block: :meth:`riding`), mid
     tiles between, each the first the registry holds in :attr:`TILES` order. Tiles sum in different fp32 orders, so a token's
     output bits can differ between batch sizes that pick different tiles (every tile meets the
     same accuracy bar); for one batch size they are always the same. The route-pack scratch

@@ -28,7 +28,9 @@ def test_riding_share_matches_the_binomial(tokens: int) -> None:
     routes, experts = tokens * 8, 256
     for block_m, tail in ((128, 16), (64, 8)):
         want = _exact_share(routes, experts, block_m, tail)
-        assert riding_share(routes, experts, block_m=block_m, tail_rows=tail) == pytest.approx(want, abs=0.03)
+        assert riding_share(routes, experts, block_m=block_m, tail_rows=tail) == pytest.approx(
+            want, abs=0.012
+        )
 
 
 def test_prefill_tail_where_experts_average_one_block_and_a_little() -> None:
@@ -37,6 +39,6 @@ def test_prefill_tail_where_experts_average_one_block_and_a_little() -> None:
     assert MoeW4A16Op.riding(4096 * 8, 256) > 0.35 > MoeW4A16Op.TAIL_SHARE
     assert MoeW4A16Op.riding(2048 * 8, 256) < 0.01 and MoeW4A16Op.riding(3072 * 8, 256) < 0.01
     assert MoeW4A16Op.riding(0, 256) == MoeW4A16Op.riding(100, 0) == 0.0
-    # a smaller block or a shorter tail changes where blocks end
+    # a shorter tail catches fewer last blocks
     wide, short = (riding_share(4096 * 8, 256, block_m=64, tail_rows=t) for t in (16, 8))
     assert wide > short > 0
