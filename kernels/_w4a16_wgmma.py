@@ -8,9 +8,9 @@ or more stages across k-tiles too (see :meth:`WgmmaMainloop.kloop_wgmma`). Block
 64 rows amortize each dequantized weight over more tokens. An expert's last block is often
 mostly padding: its k-loop issues wgmmas only as wide as its real rows need (the narrowest of
 ``block_m`` and :data:`FITTING_WIDTHS`); with ``tail_rows``, a block that takes the next
-block's few rows along issues them ``block_m + tail_rows`` wide. The epilogue stages the output tile in the idle ring
-(tiles whose ring cannot hold it take the ``mma.sync`` loop), so rows leave in whole 16-byte
-vectors.
+block's few rows along issues them ``block_m + tail_rows`` wide. The epilogue stages the
+output tile in the idle ring (tiles whose ring cannot hold it take the ``mma.sync`` loop), so
+rows leave in whole 16-byte vectors.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ class WgmmaMainloop:
         tid: Int32,
         mask: Uint32,
     ):
-        """k-loop of ``wgmma`` m64 x (up to ``block_m + tail_rows``) x k16 and the epilogue (sm_90a, 64-wide k-tiles).
+        """k-loop of ``wgmma`` m64 x (up to ``block_m + tail_rows``) x k16 and the epilogue
+        (sm_90a, 64-wide k-tiles).
 
         Warpgroup ``wg`` owns the m64 chunks ``wg, wg + WG, ...`` of the tile's weight rows; in
         each, warp ``v`` holds rows ``16v + g`` and ``16v + g + 8``. A k16 step's A fragment is
@@ -96,9 +97,8 @@ class WgmmaMainloop:
     def store_staged(self, m_out, sc, rows: Int32, reach: Int32, nt: Int32, acc, base, tid: Int32):
         """Epilogue through shared memory: the rounded accumulators into a row-major
         ``(block_m + tail_rows) x tile_n`` tile in the idle ring, then each real row of the
-        ``reach`` this CTA computed out in whole 16-byte
-        vectors, a warp covering contiguous row segments, instead of one scattered 2- or
-        4-byte store per element. Accumulator ``4i + 2rr + e`` of chunk ``ci`` is (weight row
+        ``reach`` this CTA computed out in whole 16-byte vectors, a warp covering contiguous row
+        segments, instead of one scattered 2- or 4-byte store per element. Accumulator ``4i + 2rr + e`` of chunk ``ci`` is (weight row
         ``r0 + 8rr``, block row ``8i + 2c + e``). Rows are 16 B longer than the tile, so the
         accumulator stores of a warp (rows ``2c + e``, columns ``g``) hit distinct banks.
 

@@ -56,7 +56,7 @@ from b12x_aot.loader import cdiv
 from ._base import AotKernel
 from ._ptx import red_shared_add_u32
 
-__all__ = ["HEADER_WORDS", "RoutePack", "scratch_bounds"]
+__all__ = ["HEADER_WORDS", "RoutePack", "scratch_bounds", "scratch_words"]
 
 HEADER_WORDS = 4
 UNROLL = 8  # routes per lane whose loads a pass keeps in flight
@@ -70,6 +70,12 @@ def scratch_bounds(num_tokens: Int32, num_experts: Int32, *, topk: int, block_m:
     live = cutlass.min(cutlass.max(num_experts, Int32(0)), Int32(e_cap))
     bound = cdiv(routes, block_m) + cutlass.min(routes, Int32(e_cap + 1))
     return routes, live, bound
+
+
+def scratch_words(bound, block_m: int):
+    """The scratch's 32-bit words for a block bound ``bound`` (:func:`scratch_bounds`): the
+    header, one expert per block, then ``block_m`` routes per block."""
+    return HEADER_WORDS + bound * (1 + block_m)
 
 
 class RoutePack(AotKernel):
@@ -158,7 +164,7 @@ class RoutePack(AotKernel):
         )
         rows_base = blocks_bound + HEADER_WORDS
 
-        out = self.tensor(scratch, HEADER_WORDS + blocks_bound * (1 + bm))
+        out = self.tensor(scratch, scratch_words(blocks_bound, bm))
         ids = self.tensor(route_ids, cutlass.max(routes, Int32(1)))
         # One allocation of exactly the spec's dynamic shared memory, carved by hand: hist[w, b]
         # (routes of warp w's segment in bucket b; later that segment's cursor in bucket b), then

@@ -87,7 +87,7 @@ from ._ptx import cp_async_4, cp_async_16_l2_256, cp_async_bulk_g2s
 from ._w4a16_dequant import DTYPES, nibble_mask
 from ._w4a16_mma import MmaSyncMainloop
 from ._w4a16_wgmma import WgmmaMainloop
-from .route_pack import HEADER_WORDS, scratch_bounds
+from .route_pack import HEADER_WORDS, scratch_bounds, scratch_words
 
 __all__ = ["W4A16", "smem_bytes"]
 
@@ -320,7 +320,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         routes, live, nblk = scratch_bounds(
             num_tokens, num_experts, topk=self.topk, block_m=bm, e_cap=self.e_cap
         )
-        words = HEADER_WORDS + nblk * (1 + bm)  # the route pack's scratch: header, experts, rows
+        words = scratch_words(nblk, bm)
         sc = self.tensor(scratch, words)
         m_out = self.vectors(out, self.out_vec, routes * self.n // self.out_vec)
         # The block's expert and its rows' routes are read together (each index is inside the

@@ -18,10 +18,11 @@ capturing a graph, as for any registry kernel.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -294,6 +295,8 @@ class MoeW4A16Op(_RegistryOp):
         "w_copy",
         "tail_rows",
     )
+    # prefill_tail's lead tile by param: the block_m and tail_rows that riding reads
+    _RIDER: ClassVar[Mapping[str, Any]] = dict(zip(TILE_PARAMS, TILES["prefill_tail"][0], strict=True))
     PACK_THREADS, PACK_ROUTES = 512, 1024
     # Decode regimes by 128-wide tiles per SM, below each bound (measured on an H200): clusters
     # of 4 CTAs per tile, of 2, the split-k tile alone, then the decode tiles
@@ -338,8 +341,7 @@ class MoeW4A16Op(_RegistryOp):
     def riding(cls, routes: int, experts: int) -> float:
         """:func:`riding_share` for the ``block_m`` and ``tail_rows`` of ``prefill_tail``'s
         lead tile."""
-        lead = dict(zip(cls.TILE_PARAMS, cls.TILES["prefill_tail"][0], strict=True))
-        return riding_share(routes, experts, block_m=lead["block_m"], tail_rows=lead["tail_rows"])
+        return riding_share(routes, experts, block_m=cls._RIDER["block_m"], tail_rows=cls._RIDER["tail_rows"])
 
     def launches_for(
         self,
@@ -436,6 +438,7 @@ class MoeW4A16Op(_RegistryOp):
         return self.op(a, w, scales, route_ids, num_experts, output_dtype)
 
 
+@functools.lru_cache(maxsize=256)  # the op asks once per prefill call, mostly for a few batch sizes
 def riding_share(routes: int, experts: int, *, block_m: int, tail_rows: int) -> float:
     """The expected share of ``experts`` whose routes, of ``routes`` spread uniformly, end on a
     last block of 1 to ``tail_rows`` routes after at least one full block of ``block_m``: the
