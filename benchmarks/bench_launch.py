@@ -30,7 +30,14 @@ from b12x_aot.loader import Registry
 
 from _timing import emit, host_us_per_call, ratio_table
 
-PARAMS = {"element": "bf16", "output": "bf16", "topk": 8, "hidden": 2048, "cta_threads": 256}
+PARAMS = {
+    "element": "bf16",
+    "output": "bf16",
+    "topk": 8,
+    "hidden": 2048,
+    "cta_threads": 256,
+    "tokens_per_cta": 1,
+}
 NUM_EXPERTS = 8
 
 

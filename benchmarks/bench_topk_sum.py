@@ -27,14 +27,25 @@ from _timing import copy_gbps, device_ms, emit, graph_us
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NUM_EXPERTS = 256
-CASES = (
-    ({"element": "bf16", "output": "bf16", "topk": 8, "hidden": 7168, "cta_threads": 128}, 4096),
-    ({"element": "bf16", "output": "fp32", "topk": 8, "hidden": 7168, "cta_threads": 128}, 4096),
-    ({"element": "bf16", "output": "bf16", "topk": 8, "hidden": 4096, "cta_threads": 256}, 4096),
-    ({"element": "fp16", "output": "fp16", "topk": 4, "hidden": 2048, "cta_threads": 256}, 8192),
-    ({"element": "bf16", "output": "bf16", "topk": 8, "hidden": 7168, "cta_threads": 128}, 16),
-    ({"element": "bf16", "output": "bf16", "topk": 8, "hidden": 7168, "cta_threads": 128}, 1),
-    ({"element": "bf16", "output": "bf16", "topk": 1, "hidden": 2048, "cta_threads": 256}, 8192),
+PARAMS = ("element", "output", "topk", "hidden", "cta_threads", "tokens_per_cta")
+CASES = tuple(
+    (dict(zip(PARAMS, row[:-1], strict=True)), row[-1])
+    for row in (
+        ("bf16", "bf16", 8, 7168, 128, 1, 4096),
+        ("bf16", "fp32", 8, 7168, 128, 1, 4096),
+        ("bf16", "bf16", 8, 4096, 256, 1, 4096),
+        ("fp16", "fp16", 4, 2048, 256, 1, 8192),
+        ("bf16", "bf16", 8, 7168, 128, 1, 16),
+        ("bf16", "bf16", 8, 7168, 128, 1, 1),
+        ("bf16", "bf16", 2, 7168, 128, 1, 4096),
+        # one route per token: one token per CTA, then four (the op's choice); at 8,192 tokens
+        # the launch moves 67 MB, too few for a copy of them to reach the large copy's rate
+        ("bf16", "bf16", 1, 2048, 256, 1, 8192),
+        ("bf16", "bf16", 1, 2048, 256, 4, 8192),
+        ("bf16", "bf16", 1, 2048, 256, 1, 32768),
+        ("bf16", "bf16", 1, 2048, 256, 4, 32768),
+        ("bf16", "bf16", 1, 7168, 128, 4, 16),
+    )
 )
 
 
@@ -135,7 +146,8 @@ def main() -> None:
             else ""
         )
         print(
-            f"{p['element']}->{p['output']} topk={p['topk']} hidden={p['hidden']} cta={p['cta_threads']} M={m}: "
+            f"{p['element']}->{p['output']} topk={p['topk']} hidden={p['hidden']} cta={p['cta_threads']} "
+            f"tokens/cta={p['tokens_per_cta']} M={m}: "
             f"{r['ms'] * 1e3:.1f} us, {r['gbps']:.0f} GB/s = {r['of_copy']:.0%} of copy ({copy:.0f} GB/s), "
             f"{r['of_same_size_copy']:.0%} of a copy of the same bytes; "
             f"torch {r['torch_ms'] * 1e3:.1f} us{graph}"

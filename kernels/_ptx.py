@@ -31,6 +31,7 @@ __all__ = [
     "ld_cg_v4",
     "ld_relaxed_gpu_u32",
     "ld_relaxed_gpu_u64",
+    "ld_v4_if",
     "ldmatrix_x4",
     "prmt",
     "red_shared_add_u32",
@@ -241,6 +242,18 @@ def ld_cg_v4(addr: Int64, *, loc=None, ip=None) -> tuple[Uint32, Uint32, Uint32,
     ptx = "ld.global.cg.v4.u32 {$0, $1, $2, $3}, [$4];"
     values = [Int64(addr).ir_value(loc=loc, ip=ip)]
     return tuple(_asm_results(Uint32, 4, values, ptx, "=r,=r,=r,=r,l,~{memory}", pure=False, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def ld_v4_if(pred: Int32, addr: Int64, *, loc=None, ip=None) -> tuple[Uint32, Uint32, Uint32, Uint32]:
+    """``@p ld.global.v4.u32``: 16 bytes when ``pred`` is non-zero, else no access at all (the
+    results are then undefined). Ordered with the other accesses, so a run of them stays a run
+    of loads in flight together, where guarded DSL loads may each wait behind the math before."""
+    ptx = "{ .reg .pred p; setp.ne.s32 p, $4, 0; @p ld.global.v4.u32 {$0, $1, $2, $3}, [$5]; }"
+    values = [Int32(pred).ir_value(loc=loc, ip=ip), Int64(addr).ir_value(loc=loc, ip=ip)]
+    return tuple(
+        _asm_results(Uint32, 4, values, ptx, "=r,=r,=r,=r,r,l,~{memory}", pure=False, loc=loc, ip=ip)
+    )
 
 
 @dsl_user_op

@@ -7,8 +7,13 @@ accumulator starts at zero and takes one fused multiply-add per valid route in a
 invalid route is skipped entirely: its weight and its row are never read, so NaN or Inf there
 cannot leak. Only ``out`` is written.
 
-Each thread owns one 16-byte vector of a row: grid ``(num_tokens, cdiv(hidden, cta_threads *
-vec))``, where ``vec`` is 8 elements of bf16/fp16.
+Each thread owns one 16-byte vector of a row in each of ``tokens_per_cta`` consecutive tokens:
+grid ``(cdiv(num_tokens, tokens_per_cta), cdiv(hidden, cta_threads * vec))``, where ``vec`` is
+8 elements of bf16/fp16. A thread reads every route id of its tokens first, then every valid
+row at once (predicated loads: a guarded DSL load let ptxas wait for each row before issuing
+the next), so ``topk * tokens_per_cta`` rows are in flight per thread; with one route per
+token, a thread's single row would leave the memory system idle behind its route-id round
+trip. Each output is computed alike whatever ``tokens_per_cta``: the same bits.
 """
 
 from __future__ import annotations
@@ -16,16 +21,26 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Int64, Uint32
 
 from ._base import AotKernel, dsl_dtype
+from ._ptx import ld_v4_if
 
 __all__ = ["TopKSum"]
 
 
 class TopKSum(AotKernel):
     def __init__(
-        self, geometry, static, *, element: str, output: str, topk: int, hidden: int, cta_threads: int
+        self,
+        geometry,
+        static,
+        *,
+        element: str,
+        output: str,
+        topk: int,
+        hidden: int,
+        cta_threads: int,
+        tokens_per_cta: int = 1,
     ):
         super().__init__(
             geometry,
@@ -35,12 +50,14 @@ class TopKSum(AotKernel):
             topk=topk,
             hidden=hidden,
             cta_threads=cta_threads,
+            tokens_per_cta=tokens_per_cta,
         )
         self.element = dsl_dtype(element)
         self.output = dsl_dtype(output)
         self.topk = topk
         self.hidden = hidden
         self.cta_threads = cta_threads
+        self.tokens = tokens_per_cta
         self.vec = 16 // (self.element.width // 8)
         if hidden % self.vec:
             raise ValueError(f"hidden must be a multiple of {self.vec} (got {hidden})")
@@ -71,37 +88,58 @@ class TopKSum(AotKernel):
         num_experts: Int32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        token, chunk, _ = cute.arch.block_idx()
-        vec = self.vec
+        group, chunk, _ = cute.arch.block_idx()
+        vec, topk = self.vec, self.topk
         row_vectors = self.hidden // vec
         v = chunk * self.cta_threads + tidx
 
-        m_routed = self.vectors(routed, vec, num_tokens * (self.topk * row_vectors))
         m_out = self.vectors(out, vec, num_tokens * row_vectors)
-        m_weights = self.tensor(weights, num_tokens * self.topk)
-        m_ids = self.tensor(route_ids, num_tokens * self.topk)
+        m_weights = self.tensor(weights, num_tokens * topk)
+        m_ids = self.tensor(route_ids, num_tokens * topk)
 
         if v < row_vectors:
-            # Route ids and weights for every k first, so their latencies overlap; then the rows,
-            # folded in ascending k (a row is read only when its route is valid).
+            # Every token's route ids and weights first, so their latencies overlap; then every
+            # valid row (a row is read only when its route is valid), all before the first
+            # store, which ptxas must assume may write them; then the sums, in ascending k.
+            tokens = [group] if self.tokens == 1 else [group * self.tokens + t for t in range(self.tokens)]
             valid = []
-            weights_k = []
-            for k in cutlass.range_constexpr(self.topk):
-                route = token * self.topk + k
-                expert = m_ids[route]
-                ok = (expert >= 0) & (expert < num_experts)
-                w = Float32(0.0)
-                if ok:
-                    w = m_weights[route]
-                valid.append(ok)
-                weights_k.append(w)
-            acc = cute.make_rmem_tensor((vec,), Float32)
-            acc.fill(0.0)
-            x = cute.make_rmem_tensor((vec,), self.element)
-            for k in cutlass.range_constexpr(self.topk):
-                if valid[k]:
-                    cute.autovec_copy(m_routed[None, (token * self.topk + k) * row_vectors + v], x)
-                    acc.store(acc.load() + weights_k[k] * x.load().to(Float32))
-            y = cute.make_rmem_tensor((vec,), self.output)
-            y.store(acc.load().to(self.output))
-            cute.autovec_copy(y, m_out[None, token * row_vectors + v])
+            weights_tk = []
+            for t in cutlass.range_constexpr(self.tokens):
+                token = tokens[t]
+                for k in cutlass.range_constexpr(topk):
+                    route = token * topk + k
+                    if cutlass.const_expr(self.tokens == 1):
+                        expert = m_ids[route]  # the grid holds no token past the last
+                    else:
+                        expert = Int32(-1)
+                        if token < num_tokens:
+                            expert = m_ids[route]
+                    ok = (expert >= 0) & (expert < num_experts)
+                    w = Float32(0.0)
+                    if ok:
+                        w = m_weights[route]
+                    valid.append(ok)
+                    weights_tk.append(w)
+            words = cute.make_rmem_tensor((4, len(valid)), Uint32)
+            for i in cutlass.range_constexpr(len(valid)):
+                route = tokens[i // topk] * topk + i % topk
+                row = routed.toint() + Int64(route * row_vectors + v) * 16
+                loaded = ld_v4_if(Int32(valid[i]), row)
+                for j in cutlass.range_constexpr(4):
+                    words[j, i] = loaded[j]
+            x = cute.recast_tensor(words, self.element)
+            for t in cutlass.range_constexpr(self.tokens):
+                token = tokens[t]
+                acc = cute.make_rmem_tensor((vec,), Float32)
+                acc.fill(0.0)
+                for k in cutlass.range_constexpr(topk):
+                    i = t * topk + k
+                    if valid[i]:
+                        acc.store(acc.load() + weights_tk[i] * x[None, i].load().to(Float32))
+                y = cute.make_rmem_tensor((vec,), self.output)
+                y.store(acc.load().to(self.output))
+                if cutlass.const_expr(self.tokens == 1):
+                    cute.autovec_copy(y, m_out[None, token * row_vectors + v])
+                else:
+                    if token < num_tokens:
+                        cute.autovec_copy(y, m_out[None, token * row_vectors + v])

@@ -8,7 +8,8 @@ build it.
 
     registry = Registry.open("kernels.db")
     topk_sum = registry.kernel("moe.topk_sum", 1, element="bf16", output="bf16",
-                               topk=8, hidden=7168, cta_threads=128).prepare()
+                               topk=8, hidden=7168, cta_threads=128,
+                               tokens_per_cta=1).prepare()
     topk_sum(out, routed, weights, route_ids, num_tokens, num_experts)
 """
 

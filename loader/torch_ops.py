@@ -128,6 +128,9 @@ class TopKSumOp(_RegistryOp):
 
     family = "moe.topk_sum"
     CTA_PREFERENCE = (256, 128)
+    # Four tokens per CTA where a token has one route: a thread then keeps four rows in flight
+    # (the spec builds it for topk 1 only; other registries fall back to one).
+    TOKENS_PREFERENCE = (4, 1)
 
     def launch_for(
         self, element: torch.dtype, output: torch.dtype, topk: int, hidden: int, device: int
@@ -139,7 +142,12 @@ class TopKSumOp(_RegistryOp):
             "hidden": hidden,
         }
         key = (*params.values(), device)
-        return self._launch(key, device, [{**params, "cta_threads": c} for c in self.CTA_PREFERENCE])
+        choices = [
+            {**params, "cta_threads": c, "tokens_per_cta": t}
+            for t in self.TOKENS_PREFERENCE
+            for c in self.CTA_PREFERENCE
+        ]
+        return self._launch(key, device, choices)
 
     def preload(self, routed: torch.Tensor, output_dtype: torch.dtype) -> None:
         """Resolve and load the variant these inputs need (call before graph capture)."""

@@ -15,11 +15,12 @@ from ..conftest import SPECS, TOPK_SMALL, write_spec
 def test_bundled_topk_spec_expands_with_constraints() -> None:
     spec = load_spec(SPECS / "moe_topk_sum.yaml")
     accepted, rejected = expand(spec)
-    total = 2 * 3 * 4 * 4 * 2 * 3
+    total = 2 * 3 * 4 * 4 * 2 * 2 * 3
     assert len(accepted) + len(rejected) == total
     assert rejected and all(r.stage == "constraint" for r in rejected)
-    pruned = {(r.variant.id.params["hidden"], r.variant.id.params["cta_threads"]) for r in rejected}
-    assert pruned == {(3584, 128), (7168, 256)}
+    one_token = [r.variant.id.params for r in rejected if r.variant.id.params["tokens_per_cta"] == 1]
+    assert {(p["hidden"], p["cta_threads"]) for p in one_token} == {(3584, 128), (7168, 256)}
+    assert {v.id.params["topk"] for v in accepted if v.id.params["tokens_per_cta"] > 1} == {1}
     keys = [v.key for v in accepted]
     assert len(set(keys)) == len(keys)
     v = accepted[0]

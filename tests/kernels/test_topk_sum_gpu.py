@@ -125,3 +125,31 @@ def test_graph_replay_with_new_inputs_equals_eager(gpu_registry, device_arch: st
             torch.cuda.synchronize()
             assert same_bits(out, eager), f"graph != eager: {entry.params}"
             assert same_bits(out, exact_reference(fresh, p))
+
+
+def test_tokens_per_cta_matches_its_one_token_twin_and_writes_no_row_past_the_last(
+    gpu_registry, device_arch: str
+) -> None:
+    """A CTA of several tokens computes each like a CTA of one (the same bits), and the last CTA,
+    holding fewer tokens than it could, writes nothing past ``num_tokens``."""
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    entries = family_variants(gpu_registry, "moe.topk_sum", device_arch)
+    grouped = [e for e in entries if e.params["tokens_per_cta"] > 1]
+    assert grouped, "the registry holds no moe.topk_sum variant of several tokens per CTA"
+    for entry in grouped:
+        p = dict(entry.params)
+        tokens = p["tokens_per_cta"]
+        wide = gpu_registry.kernel(entry.family, entry.abi, **p).prepare()
+        one = gpu_registry.kernel(entry.family, entry.abi, **{**p, "tokens_per_cta": 1}).prepare()
+        for m in (1, tokens + 1, 2 * tokens - 1, 3 * tokens):
+            inputs = make_inputs(m, p, gen)
+            guard = torch.full(
+                (m + tokens, p["hidden"]), float("nan"), device="cuda", dtype=TORCH_DTYPES[p["output"]]
+            )
+            twin = torch.full((m, p["hidden"]), float("nan"), device="cuda", dtype=TORCH_DTYPES[p["output"]])
+            launch(wide, guard[:m], inputs, m)
+            launch(one, twin, inputs, m)
+            torch.cuda.synchronize()
+            where = f"{p} m={m}"
+            assert same_bits(guard[:m], twin), f"not the one-token twin's bits: {where}"
+            assert torch.isnan(guard[m:]).all(), f"wrote past num_tokens: {where}"

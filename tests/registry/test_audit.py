@@ -33,11 +33,7 @@ def kernel_copy(tmp_path: Path) -> tuple[Path, dict]:
     pkg = tmp_path / "pkgs" / "testkernels"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
-    source = (
-        (ROOT / "kernels" / "topk_sum.py")
-        .read_text()
-        .replace("from ._base import", "from b12x_aot.kernels._base import")
-    )
+    source = (ROOT / "kernels" / "topk_sum.py").read_text().replace("from ._", "from b12x_aot.kernels._")
     (pkg / "topk_sum.py").write_text(source)
     env = {
         **os.environ,
@@ -49,8 +45,10 @@ def kernel_copy(tmp_path: Path) -> tuple[Path, dict]:
 def edit_kernel(source: Path) -> None:
     """Change the copy's arithmetic (double every weight), so its code really changes."""
     text = source.read_text()
-    assert "weights_k[k] * x.load()" in text, "the kernel changed: update this edit"
-    source.write_text(text.replace("weights_k[k] * x.load()", "(weights_k[k] * 2.0) * x.load()"))
+    assert "weights_tk[i] * x[None, i].load()" in text, "the kernel changed: update this edit"
+    source.write_text(
+        text.replace("weights_tk[i] * x[None, i].load()", "(weights_tk[i] * 2.0) * x[None, i].load()")
+    )
 
 
 def two_families(tmp_path: Path, env: dict, small_spec_dir: Path) -> tuple[Path, Path]:
@@ -96,9 +94,9 @@ def test_diff_two_variants_shows_the_cta_threads_change(built_registry: Path) ->
     )
     (change,) = out["changed"]
     assert not change["artifact_equal"] and not change["text_equal"]
+    # The SASS moved: instruction or register counts, or at least the opcode mix.
     deltas = change["deltas"]
-    assert "instructions" in deltas or "registers" in deltas  # the SASS or the register count moved
-    assert change["opcode_deltas"] or change["class_deltas"] or "registers" in deltas
+    assert change["opcode_deltas"] or change["class_deltas"] or {"instructions", "registers"} & set(deltas)
 
 
 def test_diff_two_builds_after_editing_one_kernel_file(
