@@ -60,11 +60,16 @@ def main(path: str) -> None:
     registry = Registry.open(path)
     arch = registry.arch(0)
     launched = 0
-    for entry in pick(registry, "moe.topk_sum", arch, topk=8)[:4]:
+    # Four tokens per CTA too: 37 tokens leave the last CTA one, and no access past them.
+    topk_sums = (
+        pick(registry, "moe.topk_sum", arch, topk=8)[:4]
+        + pick(registry, "moe.topk_sum", arch, tokens_per_cta=4)[:2]
+    )
+    for entry in topk_sums:
         launch = registry.kernel(entry.family, entry.abi, **entry.params).prepare()
         for m in (1, 37):
             args = tensors_for(launch, {"num_tokens": m, "num_experts": 16}, gen)
-            args[3] = route_ids(m, 8, 16, 16, gen)
+            args[3] = route_ids(m, entry.params["topk"], 16, 16, gen)
             launch.checked(*args)
             launched += 1
     for entry in pick(registry, "quant.mxfp8", arch)[:4]:
