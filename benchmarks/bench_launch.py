@@ -73,7 +73,7 @@ def main() -> None:
     argv_addr = ctypes.addressof(argv)
     pack = struct.Struct(launch.layout.fmt).pack_into
     pack(buf, 0, *ints)
-    grid = (m, hidden // (PARAMS["cta_threads"] * 8), 1)
+    grid = kernel.entry.geometry.grid_of({**PARAMS, "num_tokens": m, "num_experts": NUM_EXPERTS})
     block = (PARAMS["cta_threads"], 1, 1)
 
     def bare() -> None:

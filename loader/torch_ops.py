@@ -129,7 +129,7 @@ class TopKSumOp(_RegistryOp):
     family = "moe.topk_sum"
     CTA_PREFERENCE = (256, 128)
     # Four tokens per CTA where a token has one route: a thread then keeps four rows in flight
-    # (the spec builds it for topk 1 only; other registries fall back to one).
+    # (the spec builds it for topk 1 only; without it, one token per CTA).
     TOKENS_PREFERENCE = (4, 1)
 
     def launch_for(

@@ -210,6 +210,7 @@ def test_topk_sum_op_takes_four_tokens_per_cta_where_a_token_has_one_route(gpu_r
     from b12x_aot.loader.torch_ops import register_topk_sum
 
     op = register_topk_sum(gpu_registry, namespace="b12x_tokens")
+    # topk 2 and 8 have no four-token variant: the op must fall back to one, not miss
     for topk, tokens in ((1, 4), (2, 1), (8, 1)):
         launch = op.launch_for(torch.bfloat16, torch.bfloat16, topk, 7168, torch.cuda.current_device())
         assert launch.entry.params["tokens_per_cta"] == tokens, f"topk {topk}: {launch.entry.params}"
