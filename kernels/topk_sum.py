@@ -101,9 +101,8 @@ class TopKSum(AotKernel):
             # Every token's route ids and weights first, so their latencies overlap; then every
             # valid row (a row is read only when its route is valid), all before the first
             # store, which ptxas must assume may write them; then the sums, in ascending k.
-            tokens = [group] if self.tokens == 1 else [group * self.tokens + t for t in range(self.tokens)]
-            valid = []
-            weights_tk = []
+            tokens = [group * self.tokens + t for t in range(self.tokens)]
+            routes, valid, weights_tk = [], [], []  # per (token, k), token-major
             for t in cutlass.range_constexpr(self.tokens):
                 token = tokens[t]
                 for k in cutlass.range_constexpr(topk):
@@ -118,12 +117,12 @@ class TopKSum(AotKernel):
                     w = Float32(0.0)
                     if ok:
                         w = m_weights[route]
+                    routes.append(route)
                     valid.append(ok)
                     weights_tk.append(w)
             words = cute.make_rmem_tensor((4, len(valid)), Uint32)
             for i in cutlass.range_constexpr(len(valid)):
-                route = tokens[i // topk] * topk + i % topk
-                row = routed.toint() + Int64(route * row_vectors + v) * 16
+                row = routed.toint() + Int64(routes[i] * row_vectors + v) * 16
                 loaded = ld_v4_if(Int32(valid[i]), row)
                 for j in cutlass.range_constexpr(4):
                     words[j, i] = loaded[j]

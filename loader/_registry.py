@@ -162,6 +162,11 @@ class Registry:
             raise VariantMissError(str(self.path), self._miss(family, abi, arch, params, key))
         return entry
 
+    def holds(self, family: str, abi: int, *, arch: str, **params: Any) -> bool:
+        """Whether the registry has this variant: one key lookup, none of a miss's diagnostics
+        (for callers that try several variants in order of preference)."""
+        return variant_key(family=family, abi=abi, arch=arch, params=params) in self._index.entries
+
     def _miss(self, family: str, abi: int, arch: str, params: Mapping[str, Any], key: str) -> Miss:
         import difflib  # error path only
 

@@ -29,7 +29,7 @@ import torch
 from ._abi import DTYPES
 from ._launch import PreparedLaunch
 from ._registry import Registry
-from .errors import LaunchArgumentError, VariantMissError
+from .errors import LaunchArgumentError
 from .w4a16_layout import ATOM_K, BAND, CHUNK_K, LANE_ORDER, WEIGHT_LAYOUTS
 
 __all__ = [
@@ -105,22 +105,18 @@ class _RegistryOp:
     def _launch(
         self, key: Hashable, device: int, choices: Sequence[Mapping[str, Any]], family: str | None = None
     ) -> PreparedLaunch:
-        """The first of ``choices`` (full param sets, best first) that the registry holds."""
+        """The first of ``choices`` (full param sets, best first) that the registry holds; when
+        it holds none, the miss of the first (with its nearest variants)."""
         launch = self._launches.get(key)
         if launch is not None:
             return launch
+        family = family or self.family
+        arch = self.registry.arch(device)
+        held = next((p for p in choices if self.registry.holds(family, self.abi, arch=arch, **p)), choices[0])
         with self._lock:
-            first: VariantMissError | None = None
-            for params in choices:
-                try:
-                    kernel = self.registry.kernel(family or self.family, self.abi, device=device, **params)
-                except VariantMissError as miss:
-                    first = first or miss
-                    continue
-                launch = self._launches[key] = kernel.prepare(device=device)
-                return launch
-            assert first is not None
-            raise first
+            kernel = self.registry.kernel(family, self.abi, device=device, **held)
+            launch = self._launches[key] = kernel.prepare(device=device)
+            return launch
 
 
 class TopKSumOp(_RegistryOp):

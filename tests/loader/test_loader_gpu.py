@@ -214,3 +214,7 @@ def test_topk_sum_op_takes_four_tokens_per_cta_where_a_token_has_one_route(gpu_r
     for topk, tokens in ((1, 4), (2, 1), (8, 1)):
         launch = op.launch_for(torch.bfloat16, torch.bfloat16, topk, 7168, torch.cuda.current_device())
         assert launch.entry.params["tokens_per_cta"] == tokens, f"topk {topk}: {launch.entry.params}"
+    # none held: the miss is the first choice's, with the registry's nearest variants
+    with pytest.raises(VariantMissError, match="tokens_per_cta=4") as miss:
+        op.launch_for(torch.bfloat16, torch.bfloat16, 1, 1234, torch.cuda.current_device())
+    assert miss.value.miss.nearest

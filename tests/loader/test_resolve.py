@@ -55,6 +55,14 @@ def test_miss_names_nearest_spec_and_command(built_registry: Path) -> None:
     assert reg.stats.misses == 1
 
 
+def test_holds_is_a_lookup_without_a_miss(built_registry: Path) -> None:
+    with Registry.open(built_registry) as reg:
+        assert reg.holds("moe.topk_sum", 1, arch="sm_90a", **PARAMS)
+        assert not reg.holds("moe.topk_sum", 1, arch="sm_90a", **{**PARAMS, "hidden": 7168})
+        assert not reg.holds("moe.topk_sum", 2, arch="sm_90a", **PARAMS)
+        assert reg.stats.misses == 0
+
+
 def test_miss_of_unknown_family_and_arch(built_registry: Path) -> None:
     with Registry.open(built_registry) as reg:
         with pytest.raises(
