@@ -33,6 +33,7 @@ __all__ = [
     "ld_relaxed_gpu_u64",
     "ld_v4_if",
     "ldmatrix_x4",
+    "pack_b64",
     "prmt",
     "red_shared_add_u32",
     "st_cluster_f32",
@@ -163,8 +164,9 @@ def wgmma_rs(
     """``wgmma.mma_async`` m64 x ``n`` x k16 with A from registers, accumulating into fp32 ``acc``.
 
     ``a`` is this thread's A fragment (the ``mma.m16n8k16`` A layout of its warp's 16 rows);
-    ``desc_b`` describes the K-major B tile in shared memory. Asynchronous: fence before, commit
-    and wait after (``cute.nvgpu.warpgroup``); ``acc`` is the ``n / 2`` fp32 accumulators.
+    ``desc_b`` describes the K-major B tile in shared memory (see :func:`pack_b64`).
+    Asynchronous: fence before, commit and wait after (``cute.nvgpu.warpgroup``); ``acc`` is
+    the ``n / 2`` fp32 accumulators.
     """
     count = n // 2
     regs = ", ".join(f"${i}" for i in range(count))
@@ -179,6 +181,15 @@ def wgmma_rs(
     values += [Float32(x).ir_value(loc=loc, ip=ip) for x in acc]
     constraints = ",".join(["=f"] * count + ["r"] * 4 + ["l", "r"] + [str(i) for i in range(count)])
     return _asm_results(Float32, count, values, ptx, constraints, pure=False, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def pack_b64(lo: Uint32, hi: Uint32, *, loc=None, ip=None) -> Int64:
+    """``mov.b64 {lo, hi}``: a 64-bit value from its 32-bit halves (pure). A wgmma descriptor
+    built so costs one add per k-step on its low word, where 64-bit arithmetic on the whole
+    descriptor costs several uniform instructions."""
+    values = [Uint32(lo).ir_value(loc=loc, ip=ip), Uint32(hi).ir_value(loc=loc, ip=ip)]
+    return Int64(_asm(T.i64(), values, "mov.b64 $0, {$1, $2};", "=l,r,r", pure=True, loc=loc, ip=ip))
 
 
 # --- fp32 arithmetic and conversions with a fixed rounding ---------------------------------

@@ -21,7 +21,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 
 from b12x_aot.loader import cdiv
 
-from ._ptx import wgmma_rs
+from ._ptx import pack_b64, wgmma_rs
 from ._w4a16_dequant import int4_lane_pair, int4_pair, pair_selector, scale_pair, scaled
 
 __all__ = ["WgmmaMainloop"]
@@ -79,7 +79,10 @@ class WgmmaMainloop:
         sel = Uint32(pair_selector(c))
         acc = cute.make_rmem_tensor((self.mt // 2, self.wg_chunks()), Float32)
         acc.fill(0.0)
-        state = (base.toint(), s_wv, s_s16, copies, tid, sel, mask)
+        # The low word of the activation ring's shared-memory descriptor (start address >> 4,
+        # leading byte offset 1), held once: a k-step's descriptor is this plus a constant.
+        desc_lo = (Uint32(base.toint()) >> 4) | Uint32(1 << 16)
+        state = (desc_lo, s_wv, s_s16, copies, tid, sel, mask)
         # Padding rows sit at a block's tail (an expert's last block): the wgmmas cover the
         # narrowest width that holds every real row, so a block of a few real rows costs its
         # dequant but only an n = 16 wgmma per step.
@@ -188,12 +191,13 @@ class WgmmaMainloop:
         """One k-tile: wait (at most ``top`` groups left running), barrier, refill, then per
         chunk: wait (at most ``reuse``), dequantize, fence and issue its four wgmmas as one
         group."""
-        a_base, s_wv, s_s16, copies, tid, sel, mask = state
+        desc_lo, s_wv, s_s16, copies, tid, sel, mask = state
         c = tid % 4
         tn, stages = self.tn, self.stages
         wgs, chunks, wg, v, g = self.warpgroup_coords(tid)
-        # Shared-memory matrix descriptor: 128-byte swizzle, 1024 bytes between 8-row groups.
-        desc_hi = Int64((1 << 62) | ((1024 >> 4) << 32) | (1 << 16))
+        # Shared-memory matrix descriptor's high word: 128-byte swizzle, 1024 bytes between
+        # 8-row groups.
+        desc_hi = (1 << 30) | (1024 >> 4)
         ab = "bf16" if self.element is cutlass.BFloat16 else "f16"
         ahead = self.tiles_ahead()
         cute.arch.cp_async_wait_group(ahead - 1)  # this thread's copies of k-tile kt landed
@@ -243,6 +247,6 @@ class WgmmaMainloop:
             # accumulators, which needs no fence between them.
             cute.nvgpu.warpgroup.fence()
             for s in cutlass.range_constexpr(4):
-                desc = desc_hi | Int64((a_base + slot * (self.mt * 128) + 32 * s) >> 4)
-                _wgmma_into(acc, ci, frags[s], desc, n=n, ab=ab)
+                lo = desc_lo + Uint32(slot * (self.mt * 8) + 2 * s)  # + (slot * mt * 128 + 32 s) >> 4
+                _wgmma_into(acc, ci, frags[s], pack_b64(lo, Uint32(desc_hi)), n=n, ab=ab)
             cute.nvgpu.warpgroup.commit_group()
