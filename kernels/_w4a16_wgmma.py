@@ -30,6 +30,13 @@ __all__ = ["WgmmaMainloop"]
 # more copy of the k-loop, so a few steps, finer where blocks often end.
 FITTING_WIDTHS = (96, 64, 32, 16)
 
+# A K-major shared-memory matrix descriptor with the 128-byte swizzle, as two 32-bit words: the
+# low word holds the start address >> 4 (bits 0-13) and a leading byte offset of 1 (bits 16-29),
+# the high word 1024 bytes between 8-row groups (>> 4) and the swizzle mode. A k-step's
+# descriptor is then a per-thread low word plus a constant (kernels/_ptx.pack_b64).
+DESC_LO_LBO = 1 << 16
+DESC_HI = (1 << 30) | (1024 >> 4)
+
 
 def _wgmma_into(acc, ci: int, frag, desc: Int64, *, n: int, ab: str) -> None:
     """One wgmma on the first ``n // 2`` accumulators of chunk ``ci``, in place.
@@ -79,9 +86,8 @@ class WgmmaMainloop:
         sel = Uint32(pair_selector(c))
         acc = cute.make_rmem_tensor((self.mt // 2, self.wg_chunks()), Float32)
         acc.fill(0.0)
-        # The low word of the activation ring's shared-memory descriptor (start address >> 4,
-        # leading byte offset 1), held once: a k-step's descriptor is this plus a constant.
-        desc_lo = (Uint32(base.toint()) >> 4) | Uint32(1 << 16)
+        # The low word of the activation ring's descriptor (see DESC_HI), held once.
+        desc_lo = (Uint32(base.toint()) >> 4) | Uint32(DESC_LO_LBO)
         state = (desc_lo, s_wv, s_s16, copies, tid, sel, mask)
         # Padding rows sit at a block's tail (an expert's last block): the wgmmas cover the
         # narrowest width that holds every real row, so a block of a few real rows costs its
@@ -195,9 +201,6 @@ class WgmmaMainloop:
         c = tid % 4
         tn, stages = self.tn, self.stages
         wgs, chunks, wg, v, g = self.warpgroup_coords(tid)
-        # Shared-memory matrix descriptor's high word: 128-byte swizzle, 1024 bytes between
-        # 8-row groups.
-        desc_hi = (1 << 30) | (1024 >> 4)
         ab = "bf16" if self.element is cutlass.BFloat16 else "f16"
         ahead = self.tiles_ahead()
         cute.arch.cp_async_wait_group(ahead - 1)  # this thread's copies of k-tile kt landed
@@ -248,5 +251,5 @@ class WgmmaMainloop:
             cute.nvgpu.warpgroup.fence()
             for s in cutlass.range_constexpr(4):
                 lo = desc_lo + Uint32(slot * (self.mt * 8) + 2 * s)  # + (slot * mt * 128 + 32 s) >> 4
-                _wgmma_into(acc, ci, frags[s], pack_b64(lo, Uint32(desc_hi)), n=n, ab=ab)
+                _wgmma_into(acc, ci, frags[s], pack_b64(lo, Uint32(DESC_HI)), n=n, ab=ab)
             cute.nvgpu.warpgroup.commit_group()
