@@ -9,7 +9,11 @@ For every moe.w4a16 variant of the device's arch in the registry (narrowed by ``
   scales of the experts actually touched over the GEMM time, with L2 flushed before each launch.
   It is reported against a device-to-device copy measured in the same run (bytes read +
   written), and the GEMM time against a read of the same number of bytes (``torch.sum`` over a
-  buffer that size, L2 flushed alike): the decode GEMM's bound.
+  buffer that size, L2 flushed alike): the decode GEMM's bound. ``CTA/SM`` is the launch's CTAs
+  that compute a tile over the SM count. They are equal work, so the busiest SMs run the next
+  whole number of them: a launch just past a whole number per SM takes about as long as one at
+  the next (on an H200, N 256, the four-part tile: 3.15 per SM at 16 tokens, 38.0 us, 1.26x the
+  read; 3.76 at 20 tokens, 38.6 us, 1.11x; 2.76 at 14 tokens, 31.1 us, 1.12x).
 - **prefill**: ``--prefill-tokens`` tokens (default 4096); the GEMM time against torch bf16/fp16
   matmuls on pre-dequantized weights, one per expert over its pre-gathered rows (timed eager
   and as a replayed CUDA graph, each with L2 flushed before every launch; the ratio uses the
@@ -82,6 +86,18 @@ def routes(tokens: int, topk: int, experts: int, gen: torch.Generator) -> torch.
     return scores.topk(min(topk, experts), dim=1).indices.to(torch.int32)
 
 
+def working_ctas(ids: torch.Tensor, experts: int, p: dict) -> int:
+    """CTAs of the launch that compute a tile: ``n / tile_n`` x ``k_ctas`` per block of a touched
+    expert, less the blocks that ride along with the block before them (``tail_rows``)."""
+    per_expert = torch.bincount(ids[(ids >= 0) & (ids < experts)].flatten(), minlength=experts)
+    per_expert = per_expert[per_expert > 0]
+    bm, tail = p["block_m"], p.get("tail_rows", 0)
+    blocks = (per_expert + bm - 1) // bm
+    if tail:
+        blocks -= ((blocks > 1) & (per_expert - (blocks - 1) * bm <= tail)).to(blocks.dtype)
+    return int(blocks.sum()) * (p["n"] // p["tile_n"]) * p.get("k_ctas", 1)
+
+
 def dequantized(w: torch.Tensor, s: torch.Tensor, group: int) -> torch.Tensor:
     lo, hi = (w & 0xF).to(torch.int8), (w >> 4).to(torch.int8)
     q = torch.stack((lo, hi), dim=-1).flatten(-2)
@@ -114,6 +130,7 @@ class Bench:
         self.packs: dict[tuple, object] = {}
         self.reads: dict[int, float] = {}
         self.dense: dict[tuple, float] = {}
+        self.sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
     def route_pack(self, entry, registry: Registry | None = None):
         """The prepared moe.route_pack variant of ``registry`` (default: the bench's) whose
@@ -206,6 +223,7 @@ class Bench:
         weight_bytes = touched * p["n"] * (p["k"] // 2 + p["k"] // p["group"] * s.element_size())
         read = self.read_s(weight_bytes)
         return result | {
+            "ctas_per_sm": working_ctas(ids, experts, p) / self.sms,
             "gemm_s": t_gemm,
             "weight_bytes": weight_bytes,
             "weight_bytes_per_s": weight_bytes / t_gemm,
@@ -387,14 +405,14 @@ def main(argv: list[str] | None = None) -> int:
     for tokens in args.decode_tokens:
         print(
             f"decode, {tokens} tokens\n{'variant':58} {'regs':>4} {'spill':>5} {'smem':>7} "
-            f"{'dec us':>7} {'GB/s':>6} {'/copy':>5} {'/read':>5}"
+            f"{'CTA/SM':>6} {'dec us':>7} {'GB/s':>6} {'/copy':>5} {'/read':>5}"
         )
         for entry, r in zip(entries, results, strict=True):
             d = r["decode"][tokens] = bench.run(entry, "decode", tokens)
             d["ratio_to_copy"] = d["weight_bytes_per_s"] / copy_bw
             print(
                 f"{label(r['params']):58} {r.get('registers', 0):>4} {r.get('spill_bytes', 0) or 0:>5} "
-                f"{r.get('dynamic_smem', 0):>7} {d['gemm_s'] * 1e6:>7.1f} "
+                f"{r.get('dynamic_smem', 0):>7} {d['ctas_per_sm']:>6.2f} {d['gemm_s'] * 1e6:>7.1f} "
                 f"{d['weight_bytes_per_s'] / 1e9:>6.0f} {d['ratio_to_copy']:>5.2f} {d['gemm_over_read']:>5.2f}",
                 flush=True,
             )
