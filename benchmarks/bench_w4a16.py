@@ -89,8 +89,7 @@ def routes(tokens: int, topk: int, experts: int, gen: torch.Generator) -> torch.
 def working_ctas(ids: torch.Tensor, experts: int, p: dict) -> int:
     """CTAs of the launch that compute a tile: ``n / tile_n`` x ``k_ctas`` per block of a touched
     expert, less the blocks that ride along with the block before them (``tail_rows``)."""
-    per_expert = torch.bincount(ids[(ids >= 0) & (ids < experts)].flatten(), minlength=experts)
-    per_expert = per_expert[per_expert > 0]
+    per_expert = torch.bincount(ids[(ids >= 0) & (ids < experts)])  # an untouched expert: 0 blocks
     bm, tail = p["block_m"], p.get("tail_rows", 0)
     blocks = (per_expert + bm - 1) // bm
     if tail:
