@@ -1,21 +1,18 @@
 """Everything a communicator refuses, checked without a GPU.
 
-A communicator is assembled here from its parts with a fake launch (it records its arguments)
-and a plain host buffer standing in for the host-mapped error record; this is the seam that
-``Communicator.create`` fills with driver objects. Also: settings and policy validation, the
+The communicator comes from ``fake_communicator`` (its parts with a fake launch; the tensor
+hot path is in ``test_communicator_tensors``, which needs torch). Also: settings and policy validation, the
 peer-agreement checks, the window header, the launcher, and the import budget.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import struct
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -33,9 +30,9 @@ from b12x_aot.comm import (
     RendezvousError,
 )
 from b12x_aot.comm._device import decode_error
-from b12x_aot.comm._policy import Settings, Variant, choose_variants, required_keys
+from b12x_aot.comm._policy import Settings, choose_variants, required_keys
 from b12x_aot.comm._settings import NO_MULTICAST_ENV, read_launch_env
-from b12x_aot.comm._setup import Built, PeerInfo, check_peers, ranks_sharing_device
+from b12x_aot.comm._setup import PeerInfo, check_peers, ranks_sharing_device
 from b12x_aot.comm._window import header_image, peer_table
 from b12x_aot.comm.layout import (
     ERROR_PTR_OFFSET,
@@ -47,51 +44,7 @@ from b12x_aot.comm.layout import (
 )
 from b12x_aot.loader import LoaderError
 
-VA = 0x7F00_0000_0000
-
-
-class FakeLaunch:
-    def __init__(self, key: tuple[str, str, str]) -> None:
-        self.key = key
-        self.calls: list[tuple[Any, ...]] = []
-
-    def __call__(self, *args: Any, stream: Any = None) -> None:
-        self.calls.append((*args, stream))
-
-
-class FakeResources:
-    def __init__(self) -> None:
-        self.closed = 0
-        self.synced: list[Any] = []
-
-    def synchronize(self, stream: Any = None) -> None:
-        self.synced.append(stream)
-
-    def close(self) -> None:
-        self.closed += 1
-
-
-def make(
-    *, dtypes=("bf16", "fp16"), capacity=1 << 20, keys=None, policy=None, rank=1, world=4
-) -> tuple[Communicator, dict, Any, FakeResources]:
-    settings = Settings.of(
-        rank=rank, world=world, capacity_bytes=capacity, dtypes=dtypes, timeout_s=0.5, policy=policy
-    )
-    if keys is None:
-        keys = [(d, a, t) for d in dtypes for a in ("oneshot", "twoshot") for t in ("pull", "push")]
-    launches = {k: FakeLaunch(k) for k in keys}
-    variants = {k: Variant(*k, 512, 16) for k in keys}
-    words = (ctypes.c_uint32 * 4)()
-    resources = FakeResources()
-    built = Built(variants, launches, VA, words, None)
-    return Communicator(settings, device=0, built=built, resources=resources), launches, words, resources
-
-
-def only_call(launches: dict) -> tuple[tuple[str, str, str], tuple[Any, ...]]:
-    calls = [(k, c) for k, launch in launches.items() for c in launch.calls]
-    assert len(calls) == 1, calls
-    return calls[0]
-
+from .fake_communicator import VA, make, only_call
 
 # --- the raw hot path ---------------------------------------------------------------------------
 
@@ -224,96 +177,6 @@ def test_context_manager_closes() -> None:
     with comm as same:
         assert same is comm
     assert resources.closed == 1
-
-
-# --- the tensor hot path ---------------------------------------------------------------------------
-
-torch = pytest.importorskip("torch")
-
-
-class FakeTensor:
-    """The parts of a CUDA tensor the communicator reads (this machine's torch may lack CUDA)."""
-
-    def __init__(self, n: int, dtype: Any, ptr: int, *, device: int = 0, contiguous: bool = True) -> None:
-        self.n, self.dtype, self.ptr, self.contiguous = n, dtype, ptr, contiguous
-        self.device = SimpleNamespace(type="cuda", index=device)
-
-    def numel(self) -> int:
-        return self.n
-
-    def data_ptr(self) -> int:
-        return self.ptr
-
-    def is_contiguous(self) -> bool:
-        return self.contiguous
-
-    def stride(self) -> tuple[int, ...]:
-        return (1,) if self.contiguous else (2,)
-
-
-def test_tensor_call_launches_with_its_pointers() -> None:
-    comm, launches, _, _ = make()
-    inp = FakeTensor(64, torch.float16, 0x10000)
-    out = FakeTensor(64, torch.float16, 0x20000)
-    assert comm.all_reduce(inp, out) is out
-    key, args = only_call(launches)
-    assert key == ("fp16", "oneshot", "pull")
-    assert args[:2] == (0x20000, 0x10000)
-
-
-def test_tensor_out_defaults_to_empty_like(monkeypatch: pytest.MonkeyPatch) -> None:
-    comm, launches, _, _ = make()
-    inp = FakeTensor(64, torch.bfloat16, 0x10000)
-    made = FakeTensor(64, torch.bfloat16, 0x30000)
-    monkeypatch.setattr(comm, "_torch", SimpleNamespace(empty_like=lambda t: made))
-    assert comm.all_reduce(inp) is made
-    assert only_call(launches)[1][:2] == (0x30000, 0x10000)
-
-
-def test_zero_element_tensor_launches_nothing() -> None:
-    comm, launches, _, _ = make()
-    inp, out = FakeTensor(0, torch.bfloat16, 0x10000), FakeTensor(0, torch.bfloat16, 0x20000)
-    assert comm.all_reduce(inp, out) is out
-    assert not any(launch.calls for launch in launches.values())
-
-
-@pytest.mark.parametrize(
-    ("inp", "out", "problem"),
-    [
-        (FakeTensor(64, torch.float32, 0x10000), None, "must be a tensor of one of"),
-        (FakeTensor(64, torch.bfloat16, 0x10000, device=1), None, "must be on cuda:0"),
-        (FakeTensor(64, torch.bfloat16, 0x10000, contiguous=False), None, "must be contiguous"),
-        (FakeTensor(64, torch.bfloat16, 0x10000), FakeTensor(64, torch.float16, 0x20000), "inp's dtype"),
-        (FakeTensor(64, torch.bfloat16, 0x10000), FakeTensor(72, torch.bfloat16, 0x20000), "64 elements"),
-        (
-            FakeTensor(64, torch.bfloat16, 0x10000),
-            FakeTensor(64, torch.bfloat16, 0x20000, contiguous=False),
-            "out must be contiguous",
-        ),
-        (FakeTensor(60, torch.bfloat16, 0x10000), FakeTensor(60, torch.bfloat16, 0x20000), "multiple of 8"),
-        (FakeTensor(64, torch.bfloat16, 0x10008), FakeTensor(64, torch.bfloat16, 0x20000), "aligned"),
-    ],
-)
-def test_bad_tensors(inp: Any, out: Any, problem: str) -> None:
-    comm, launches, _, _ = make()
-    with pytest.raises(CommArgumentError, match=problem):
-        comm.all_reduce(inp, out)
-    assert not any(launch.calls for launch in launches.values())
-
-
-def test_a_cpu_tensor_is_refused() -> None:
-    comm, _, _, _ = make()
-    with pytest.raises(CommArgumentError, match=r"must be on cuda:0 .got cpu"):
-        comm.all_reduce(torch.zeros(64, dtype=torch.bfloat16))
-
-
-def test_torch_streams_become_raw_handles() -> None:
-    comm, launches, _, _ = make()
-    stream = SimpleNamespace(cuda_stream=1234)
-    comm.all_reduce(
-        FakeTensor(8, torch.bfloat16, 0x10000), FakeTensor(8, torch.bfloat16, 0x20000), stream=stream
-    )
-    assert only_call(launches)[1][-1] == 1234
 
 
 # --- settings, policy, variant choice ----------------------------------------------------------

@@ -24,9 +24,9 @@ def test_aot_equals_jit(gpu_registry, device_arch) -> None:
         m, k = 37, p["K"]
         x = adversarial_input(m, k, TORCH_DTYPES[p["dtype"]], gen, "cuda")
         outs = []
-        for _ in range(2):
-            q = torch.full((m, k), 0x5A, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
-            s = torch.full((m, k // BLOCK), 0x5A, dtype=torch.uint8, device="cuda")
+        for poison in (0x5A, 0xA5):  # two poisons: a byte neither path writes cannot compare equal
+            q = torch.full((m, k), poison, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+            s = torch.full((m, k // BLOCK), poison, dtype=torch.uint8, device="cuda")
             outs.append((q, s))
         (q_aot, s_aot), (q_jit, s_jit) = outs
         prepared.checked(q_aot, s_aot, x, m)

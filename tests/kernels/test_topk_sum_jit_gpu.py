@@ -19,19 +19,16 @@ def test_aot_equals_jit(gpu_registry, device_arch) -> None:
 
     entries = family_variants(gpu_registry, "moe.topk_sum", device_arch)
     gen = torch.Generator(device="cuda").manual_seed(77)
-    checked = 0
     for entry in entries:
         p = dict(entry.params)
         prepared = gpu_registry.kernel(entry.family, entry.abi, **p).prepare()
         m = 37
         inputs = make_inputs(m, p, gen)
         aot = torch.full((m, p["hidden"]), float("nan"), device="cuda", dtype=TORCH_DTYPES[p["output"]])
-        jit = torch.full_like(aot, float("nan"))
+        jit = torch.full_like(aot, float("-inf"))  # another poison: unwritten cannot compare equal
         args = [aot, inputs["routed"], inputs["weights"], inputs["route_ids"], m, NUM_EXPERTS]
         prepared.checked(*args)
         launch = jit_launcher(TopKSum, entry, [jit, *args[1:]])
         launch(jit, *args[1:])
         torch.cuda.synchronize()
         assert same_bits(aot, jit), f"AOT != JIT for {p}"
-        checked += 1
-    assert checked == len(entries)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from .w4a16_reference import (
@@ -49,14 +51,14 @@ def test_dequantize_rounds_int4_times_scale_once(dtype: torch.dtype, group: int)
     packed, scales = random_weights(2, 8, 256, group, dtype, generator=gen)
     deq = dequantize(packed, scales, group)
     assert deq.dtype == dtype and deq.shape == (2, 8, 256)
-    q = unpack_int4(packed).double()
-    exact = q * scales.double().repeat_interleave(group, -1)
-    assert torch.equal(deq, exact.to(dtype))  # the product is exact in fp64, so one rounding
+    # Element by element from the bytes: nibble k % 2 of byte k // 2 (low first), two's
+    # complement, times the scale of group k // group; exact in fp64, so rounded once.
+    exact = torch.empty(2, 8, 256, dtype=torch.float64)
+    for e, n, k in itertools.product(range(2), range(8), range(256)):
+        nibble = (int(packed[e, n, k // 2]) >> (4 * (k % 2))) & 0xF
+        exact[e, n, k] = (nibble - 16 if nibble >= 8 else nibble) * float(scales[e, n, k // group])
+    assert torch.equal(deq, exact.to(dtype))
     assert torch.equal(dequantize(packed, scales, group, rounded=False), exact)
-    # Group boundaries: column group * i starts a new scale.
-    assert torch.equal(
-        deq[0, 0, group : 2 * group], (q[0, 0, group : 2 * group] * scales[0, 0, 1].double()).to(dtype)
-    )
 
 
 def test_block_bound() -> None:
