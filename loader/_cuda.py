@@ -28,6 +28,9 @@ __all__ = [
 _init_lock = threading.Lock()
 _initialized = False
 _SUCCESS = cu.CUresult.CUDA_SUCCESS
+_DRIVER_NOT_FOUND = "DRIVER_NOT_FOUND"
+# cuInit's answers that mean the machine has no GPU, not that its driver is broken.
+_NO_GPU = frozenset({_DRIVER_NOT_FOUND, "CUDA_ERROR_STUB_LIBRARY", "CUDA_ERROR_NO_DEVICE"})
 
 
 def check(result: tuple[Any, ...], call: str) -> Any:
@@ -59,14 +62,21 @@ def ensure_init() -> None:
                 result = cu.cuInit(0)
             except Exception as exc:  # cuda.bindings raises when libcuda itself is missing
                 raise CudaError(
-                    "cuInit", -1, "DRIVER_NOT_FOUND", f"no CUDA driver on this machine ({exc})"
+                    "cuInit", -1, _DRIVER_NOT_FOUND, f"no CUDA driver on this machine ({exc})"
                 ) from None
             check(result, "cuInit")
             _initialized = True
 
 
 def device_count() -> int:
-    ensure_init()
+    """CUDA devices present: 0 when the machine has none (no driver, the driver's stub, no
+    device); any other driver failure raises."""
+    try:
+        ensure_init()
+    except CudaError as exc:
+        if exc.name in _NO_GPU:
+            return 0
+        raise
     return int(check(cu.cuDeviceGetCount(), "cuDeviceGetCount"))
 
 

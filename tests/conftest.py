@@ -19,24 +19,13 @@ ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "specs"
 
 
-# cuInit's answers that mean "no GPU here": no driver library, the driver's stub, no device.
-_NO_GPU = frozenset({"DRIVER_NOT_FOUND", "CUDA_ERROR_STUB_LIBRARY", "CUDA_ERROR_NO_DEVICE"})
-
-
 @functools.cache
 def gpu_count() -> int:
-    """CUDA devices present; 0 only when the machine has none. Any other driver failure (a
-    broken driver, a device in a bad state) raises, so GPU tests fail loudly instead of all
-    skipping as if no GPU were there."""
+    """CUDA devices present. A broken driver raises (see ``device_count``), so the GPU tests
+    fail loudly instead of all skipping as if no GPU were there."""
     from b12x_aot.loader._cuda import device_count
-    from b12x_aot.loader.errors import CudaError
 
-    try:
-        return device_count()
-    except CudaError as exc:
-        if exc.name in _NO_GPU:
-            return 0
-        raise
+    return device_count()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

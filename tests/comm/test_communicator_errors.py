@@ -1,7 +1,7 @@
 """Everything a communicator refuses, checked without a GPU.
 
-The communicator comes from ``fake_communicator`` (its parts with a fake launch; the tensor
-hot path is in ``test_communicator_tensors``, which needs torch). Also: settings and policy validation, the
+The communicator comes from ``fake_communicator``; its tensor hot path is checked in
+``test_communicator_tensors``, which needs torch. Also: settings and policy validation, the
 peer-agreement checks, the window header, the launcher, and the import budget.
 """
 

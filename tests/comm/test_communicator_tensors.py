@@ -1,5 +1,5 @@
-"""The communicator's tensor hot path, checked without a GPU: fake tensors carry the parts of a
-CUDA tensor it reads (this machine's torch may lack CUDA); needs torch for its dtypes."""
+"""The communicator's tensor hot path, checked without a GPU on fake tensors (torch for the
+dtypes)."""
 
 from __future__ import annotations
 
