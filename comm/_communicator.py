@@ -166,7 +166,7 @@ class Communicator:
             settings,
             rendezvous=rendezvous,
             device=device,
-            stream=raw_stream(stream),
+            stream=stream,
             own_stream=own_stream,
             resources=resources,
         )

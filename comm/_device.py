@@ -14,6 +14,7 @@ from cuda.bindings import driver as cu
 
 from b12x_aot.loader import CudaError, check, current_device, ensure_init
 
+from .errors import CommArgumentError
 from .layout import ERROR_BYTES, ERROR_TIMEOUT
 
 __all__ = [
@@ -27,11 +28,23 @@ __all__ = [
 
 
 def raw_stream(stream: Any) -> Any:
-    """A stream argument as the loader takes it: torch streams become their raw handle."""
+    """A stream argument as the loader takes it: torch streams become their raw handle.
+
+    Raises :class:`CommArgumentError` for anything that is not None, an int handle, a
+    ``CUstream`` or an object with a ``cuda_stream`` handle (``torch.cuda.Stream``).
+    """
     if stream is None or stream.__class__ is int or isinstance(stream, cu.CUstream):
         return stream
     handle = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream / ExternalStream
-    return int(handle) if handle is not None else int(stream)
+    try:
+        return int(handle) if handle is not None else int(stream)
+    except (TypeError, ValueError):
+        raise CommArgumentError(
+            "stream",
+            "is not a CUDA stream",
+            type(stream).__name__,
+            "Pass a torch.cuda.Stream, a cuda.bindings CUstream, an int handle, or None.",
+        ) from None
 
 
 class DeviceContext:

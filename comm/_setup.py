@@ -26,7 +26,7 @@ from cuda.bindings import driver as cu
 
 from b12x_aot.loader import Kernel, PreparedLaunch, Registry
 
-from ._device import DeviceContext, ErrorRecord, check
+from ._device import DeviceContext, ErrorRecord, check, raw_stream
 from ._exchange import FdServer, fetch_fd
 from ._policy import ABI, FAMILY, Settings, Variant, choose_variants, required_keys
 from ._rendezvous import Rendezvous
@@ -250,6 +250,7 @@ def build(
     layout = WindowLayout(world, slot_bytes)
     local_error: BaseException | None = None
     try:
+        stream = raw_stream(stream)  # a bad one fails here, where every rank hears of it
         resources.ctx = ctx = DeviceContext(device)
         ctx.make_current_if_none()
         if own_stream:

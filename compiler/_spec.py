@@ -367,9 +367,14 @@ def load_spec(path: str | Path) -> Spec:
     """Load and validate one spec file. Raises :class:`SpecError` listing every fault."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError(path, [SpecFault(0, "", f"cannot read the file: {exc.strerror}")]) from None
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise SpecError(
+            path, [SpecFault(line, "", f"not UTF-8 text (byte {exc.start}: {exc.reason})")]
+        ) from None
     data, lines = _compose(text, path)
     faults = _Faults(lines)
     if not isinstance(data, dict):
@@ -415,6 +420,7 @@ def load_specs(paths: Iterable[str | Path]) -> list[Spec]:
         raise SpecError(
             Path(*map(str, paths)) if paths else Path("."), [SpecFault(0, "", "no *.yaml specs found")]
         )
+    files = list({f.resolve(): f for f in reversed(files)}.values())[::-1]  # a file named twice loads once
     specs = [load_spec(f) for f in files]
     seen: dict[tuple[str, int], Path] = {}
     for spec in specs:

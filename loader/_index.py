@@ -160,6 +160,29 @@ class IndexEntry:
         return f"<IndexEntry {self.family} {self.arch} {self.key[:12]}>"
 
 
+def _unreadable(path: Path, exc: sqlite3.DatabaseError) -> str:
+    """Why SQLite refused ``path``, and what to do about it."""
+    with path.open("rb") as f:
+        header = f.read(20)
+    # Bytes 18-19 are 2 in a write-ahead-log database: reading one needs a -shm file beside it,
+    # which a read-only directory (a baked image, another user's build) does not allow.
+    if (
+        isinstance(exc, sqlite3.OperationalError)
+        and header[:16] == b"SQLite format 3\0"
+        and header[18:20] == b"\2\2"
+    ):
+        return (
+            f"cannot read {path} ({exc}): it is a write-ahead-log database, and SQLite reads one "
+            f"only where it may create {path.name}-shm beside it. Serve a file from "
+            "`b12x-registry export` (written without a log), give this process write access to "
+            f"{path.parent}, or open it with Registry.open(path, immutable=True) if nothing writes it."
+        )
+    return (
+        f"{path} is not a b12x-aot registry ({exc}). Point the loader at a file written by "
+        "b12x-compile or b12x-registry export."
+    )
+
+
 class RegistryIndex:
     """An open, read-only registry file: its variant index and a way to read blobs."""
 
@@ -177,10 +200,7 @@ class RegistryIndex:
             self._db = sqlite3.connect(uri, uri=True, check_same_thread=False)
             meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
         except sqlite3.DatabaseError as exc:
-            raise RegistryFormatError(
-                f"{self.path} is not a b12x-aot registry ({exc}). Point the loader at a file "
-                "written by b12x-compile or b12x-registry export."
-            ) from None
+            raise RegistryFormatError(_unreadable(self.path, exc)) from None
         version = int(meta.get("schema_version", "0"))
         if version not in READABLE_SCHEMA:
             newer = version > max(READABLE_SCHEMA)

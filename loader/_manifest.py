@@ -77,10 +77,16 @@ class Requirement(NamedTuple):
     def describe(self) -> str:
         parts = []
         for name, match in self.params:
-            shown = str(match) if isinstance(match, ParamRange) else "|".join(map(str, match))
+            shown = str(match) if isinstance(match, ParamRange) else "|".join(map(_shown, match))
             parts.append(f"{name}={shown}")
-        archs = ",".join(self.archs) if self.archs else "any arch"
+        archs = ",".join(self.archs) if self.archs is not None else "any arch"
         return f"{self.family} abi={self.abi} [{archs}] " + " ".join(parts)
+
+
+def _shown(value: Value) -> str:
+    """A value as a manifest line shows it: a string of digits quoted, so ``topk: "8"`` (which
+    matches no int param) does not read like ``topk: 8``."""
+    return repr(value) if isinstance(value, str) and value.lstrip("-").isdigit() else str(value)
 
 
 class Manifest(NamedTuple):
@@ -112,8 +118,11 @@ def _requirement(index: int, entry: Any) -> Requirement:
     if archs is not None:
         if isinstance(archs, str):
             archs = [archs]
-        if not all(isinstance(a, str) for a in archs):
-            raise ManifestError(f"variants[{index}].archs: must be a list of arch names (got {archs!r})")
+        if archs.__class__ not in (list, tuple) or not archs or not all(isinstance(a, str) for a in archs):
+            raise ManifestError(
+                f"variants[{index}].archs: must be a non-empty list of arch names such as [sm_90a] "
+                f"(got {archs!r}); leave it out to mean every arch"
+            )
         archs = tuple(archs)
     params_in = entry.get("params") or {}
     if params_in.__class__ is not dict and not isinstance(params_in, Mapping):

@@ -22,7 +22,7 @@ from ._geometry import StaticGeometry
 from ._index import IndexEntry, RegistryIndex
 from ._keys import VariantId, canonical_params, params_text, variant_key
 from ._launch import PreparedLaunch
-from .errors import CaptureError, Miss, RequirementError, VariantMissError
+from .errors import CaptureError, CudaError, Miss, RegistryClosedError, RequirementError, VariantMissError
 
 if TYPE_CHECKING:
     from ._manifest import Manifest
@@ -114,6 +114,7 @@ class Registry:
         self._contexts: dict[int, Any] = {}
         self._arch: dict[int, str] = {}
         self._lock = threading.RLock()
+        self._closed = False
         self.stats = LoadStats()
         self._by_family: dict[tuple[str, int, str], dict[str, IndexEntry]] = {}
         for entry in index.entries.values():
@@ -295,6 +296,8 @@ class Registry:
         Refuses (before any driver call) while ``stream`` is capturing and work remains.
         """
         with self._lock:
+            self._ensure_open()
+            entries = list({e.key: e for e in entries}.values())  # a manifest may name one twice
             todo = [e for e in entries if e.key not in self._kernels]
             missing_fn = [
                 e for e in entries if e.key in self._kernels and (e.key, device) not in self._functions
@@ -307,14 +310,20 @@ class Registry:
                 blobs = self._index.read_artifacts(todo)
                 ensure_init()
                 for entry in todo:
+                    variant = f"{entry.family} {entry.arch} variant {entry.key[:16]}"
                     library = check(
                         cu.cuLibraryLoadData(blobs[entry.artifact_sha256], None, None, 0, None, None, 0),
-                        "cuLibraryLoadData",
+                        f"cuLibraryLoadData of {variant}",
                     )
                     self.stats.loads += 1
-                    handle = check(
-                        cu.cuLibraryGetKernel(library, entry.symbol.encode()), "cuLibraryGetKernel"
-                    )
+                    try:
+                        handle = check(
+                            cu.cuLibraryGetKernel(library, entry.symbol.encode()),
+                            f"cuLibraryGetKernel({entry.symbol}) of {variant}",
+                        )
+                    except BaseException:
+                        cu.cuLibraryUnload(library)  # not recorded yet: close() would miss it
+                        raise
                     self._libraries[entry.key] = (library, handle)
                     self._kernels[entry.key] = Kernel(self, entry)
             self._make_functions([e for e in entries if (e.key, device) not in self._functions], device)
@@ -344,15 +353,34 @@ class Registry:
             check(cu.cuCtxPopCurrent(), "cuCtxPopCurrent")
 
     def close(self) -> None:
-        """Unload every library and release the primary contexts this registry retained."""
+        """Unload every library and release the primary contexts this registry retained.
+
+        Every release is attempted even when one fails, and the first failure is raised after
+        them. Closing twice is harmless; loading after closing raises
+        :class:`RegistryClosedError`.
+        """
         with self._lock:
-            for library, _ in self._libraries.values():
-                check(cu.cuLibraryUnload(library), "cuLibraryUnload")
+            failures: list[CudaError] = []
+            for key, (library, _) in self._libraries.items():
+                try:
+                    check(cu.cuLibraryUnload(library), f"cuLibraryUnload of variant {key[:16]}")
+                except CudaError as exc:
+                    failures.append(exc)
+            for device in self._contexts:
+                try:
+                    dev = check(cu.cuDeviceGet(device), "cuDeviceGet")
+                    check(cu.cuDevicePrimaryCtxRelease(dev), f"cuDevicePrimaryCtxRelease of device {device}")
+                except CudaError as exc:
+                    failures.append(exc)
             self._libraries.clear()
             self._functions.clear()
             self._kernels.clear()
-            for device in self._contexts:
-                dev = check(cu.cuDeviceGet(device), "cuDeviceGet")
-                check(cu.cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease")
             self._contexts.clear()
             self._index.close()
+            self._closed = True
+            if failures:
+                raise failures[0]
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise RegistryClosedError(str(self.path))

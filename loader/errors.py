@@ -17,6 +17,7 @@ __all__ = [
     "LaunchArgumentError",
     "LoaderError",
     "ManifestError",
+    "RegistryClosedError",
     "RegistryFormatError",
     "RequirementError",
     "VariantMissError",
@@ -73,6 +74,20 @@ class ManifestError(LoaderError, ValueError):
 
 class RegistryFormatError(LoaderError):
     """The registry file is missing, unreadable, or of a schema this loader does not read."""
+
+
+class RegistryClosedError(LoaderError):
+    """A load was asked of a registry after its ``close()``."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
+    def format_message(self) -> str:
+        return (
+            f"registry {self.path} is closed: its libraries are unloaded. Open it again with "
+            "Registry.open(...), or close it only at exit."
+        )
 
 
 class IntegrityError(LoaderError):

@@ -86,7 +86,13 @@ def w4a16_weights(w: torch.Tensor, w_layout: str) -> torch.Tensor:
 
 
 class _RegistryOp:
-    """What every op shares: a registry, resolved launches cached by their inputs' signature."""
+    """What every op shares: a registry, resolved launches cached by their inputs' signature.
+
+    Each thread keeps its own launches: a :class:`PreparedLaunch` packs its arguments into one
+    buffer, so two threads sharing one could launch each other's. The variants are loaded once
+    (the registry is shared), so a thread's first call makes no driver call and may run inside
+    a graph capture once any thread has preloaded.
+    """
 
     family = ""
 
@@ -94,8 +100,7 @@ class _RegistryOp:
         self.registry = registry
         self.abi = abi
         self.namespace = namespace
-        self._launches: dict[Hashable, PreparedLaunch] = {}
-        self._lock = threading.Lock()
+        self._local = threading.local()
         self.op = self._define()
 
     def _define(self) -> Any:
@@ -107,16 +112,16 @@ class _RegistryOp:
     ) -> PreparedLaunch:
         """The first of ``choices`` (full param sets, best first) that the registry holds; when
         it holds none, the miss of the first (with its nearest variants)."""
-        launch = self._launches.get(key)
+        launches: dict[Hashable, PreparedLaunch] = self._local.__dict__.setdefault("launches", {})
+        launch = launches.get(key)
         if launch is not None:
             return launch
         family = family or self.family
         arch = self.registry.arch(device)
         held = next((p for p in choices if self.registry.holds(family, self.abi, arch=arch, **p)), choices[0])
-        with self._lock:
-            kernel = self.registry.kernel(family, self.abi, device=device, **held)
-            launch = self._launches[key] = kernel.prepare(device=device)
-            return launch
+        kernel = self.registry.kernel(family, self.abi, device=device, **held)
+        launch = launches[key] = kernel.prepare(device=device)
+        return launch
 
 
 class TopKSumOp(_RegistryOp):

@@ -35,17 +35,20 @@ from ._schema import SCHEMA_VERSION
 from ._store import BlobStore, RegistryStore, registry_url
 from ._writer import RegistryWriter
 from .errors import (
+    BlobDirError,
     BlobError,
     ManifestUnsatisfied,
     NoSuchVariant,
     RegistryError,
     RegistryNotFound,
+    RegistryUsageError,
     SchemaMismatch,
 )
 
 __all__ = [
     "FAIL_METRICS",
     "SCHEMA_VERSION",
+    "BlobDirError",
     "BlobError",
     "BlobStore",
     "Change",
@@ -62,6 +65,7 @@ __all__ = [
     "RegistryError",
     "RegistryNotFound",
     "RegistryStore",
+    "RegistryUsageError",
     "RegistryWriter",
     "SassHistogram",
     "SchemaMismatch",

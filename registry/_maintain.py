@@ -4,14 +4,19 @@
   manifest matches, for baking into a serving image. A manifest entry that matches nothing is
   an error that lists every such entry.
 - ``gc``: delete artifacts, blob files and provenance rows that nothing references; with keep
-  manifests (or ``prune_history``), first drop the variants outside them.
-- ``migrate``: bring an older registry to this code's schema, one version step at a time.
+  manifests (or ``prune_history``), first drop the variants outside them. Keep manifests are
+  checked as export checks its manifest: an entry that matches nothing (a typo) stops gc
+  before it deletes anything. Orphan blob files are pruned only in a blob directory whose
+  owner marker names this registry, since gc cannot see another registry's references.
+- ``migrate``: bring an older registry to this code's schema with the steps in ``_migrations``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +25,7 @@ from sqlalchemy import Connection, delete, select, update
 
 from b12x_aot.loader import Manifest, Requirement
 
+from ._migrations import MIGRATIONS, migratable, parse_schema_version
 from ._queries import VariantRow
 from ._schema import (
     SCHEMA_VERSION,
@@ -34,10 +40,10 @@ from ._schema import (
     Toolchain,
     Variant,
 )
-from ._store import RegistryStore
-from .errors import ManifestUnsatisfied, SchemaMismatch
+from ._store import OWNER_FILE, RegistryStore, blob_owner
+from .errors import ManifestUnsatisfied, RegistryUsageError, SchemaMismatch
 
-__all__ = ["GcReport", "export", "gc", "migrate", "unsatisfied"]
+__all__ = ["GcReport", "export", "gc", "migrate", "require_satisfied", "unsatisfied"]
 
 # Orphan blob files younger than this may belong to a builder about to commit their row.
 _BLOB_GRACE_S = 600.0
@@ -65,6 +71,14 @@ def unsatisfied(manifest: Manifest, rows: Sequence[VariantRow]) -> list[str]:
     return missing
 
 
+def require_satisfied(manifests: Sequence[Manifest], rows: Sequence[VariantRow], *, outcome: str) -> None:
+    """Raise :class:`ManifestUnsatisfied` listing every entry of ``manifests`` that matches
+    nothing; ``outcome`` says what the command therefore did not do."""
+    missing = [m for manifest in manifests for m in unsatisfied(manifest, rows)]
+    if missing:
+        raise ManifestUnsatisfied(missing, outcome)
+
+
 def _selected(manifests: Sequence[Manifest], rows: Sequence[VariantRow]) -> list[VariantRow]:
     reqs: list[Requirement] = [r for m in manifests for r in m.requirements]
     return [row for row in rows if any(q.matches(row.family, row.abi, row.arch, row.params) for q in reqs)]
@@ -75,16 +89,40 @@ def export(
 ) -> list[VariantRow]:
     """Write the current variants the manifest matches to a new SQLite file ``out``.
 
-    Raises :class:`ManifestUnsatisfied` (writing nothing) when an entry matches nothing.
+    Raises :class:`ManifestUnsatisfied` (writing nothing) when an entry matches nothing. The
+    file is built beside ``out`` and renamed into place once complete, so a failed export
+    leaves nothing at ``out``; it is in rollback-journal mode, so it opens read-only (the
+    loader's ``mode=ro``) with no ``-wal``/``-shm`` files beside it.
     """
-    missing = unsatisfied(manifest, rows)
-    if missing:
-        raise ManifestUnsatisfied(missing)
+    require_satisfied([manifest], rows, outcome="nothing was written")
     chosen = _selected([manifest], rows)
-    out = Path(out)
+    out = Path(out).expanduser().absolute()
     if out.exists():
-        raise FileExistsError(f"{out} exists; export writes a new file (remove it or choose another path)")
-    target = RegistryStore.open(out, create=True)
+        raise RegistryUsageError(f"{out} exists; export writes a new file (remove it or choose another path)")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RegistryUsageError(
+            f"cannot create {out.parent} for the export: {exc.strerror}; choose another path"
+        ) from None
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        _write_export(store, chosen, tmp)
+        try:
+            os.link(tmp, out)  # fails, rather than overwrites, if OUT appeared meanwhile
+        except FileExistsError:
+            raise RegistryUsageError(f"{out} appeared while exporting; nothing was written there") from None
+        except OSError:
+            os.replace(tmp, out)  # a filesystem without hard links
+    finally:
+        for leftover in (tmp, *(tmp.with_name(tmp.name + s) for s in ("-wal", "-shm", "-journal"))):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+    return chosen
+
+
+def _write_export(store: RegistryStore, chosen: Sequence[VariantRow], path: Path) -> None:
+    target = RegistryStore.open(path, create=True)
     try:
         with store.read() as src, target.write() as dst:
             ids = [r.id for r in chosen]
@@ -108,12 +146,12 @@ def export(
                 dst.execute(CurrentVariant.__table__.insert().values(key=r.key, variant_id=r.id))
         raw = target.engine.raw_connection()  # VACUUM cannot run inside SQLAlchemy's transaction
         try:
+            raw.driver_connection.execute("PRAGMA journal_mode = DELETE")  # read-only opens need no -shm
             raw.driver_connection.execute("VACUUM")  # a serving image gets the smallest file
         finally:
             raw.close()
     finally:
         target.close()
-    return chosen
 
 
 def _copy(src: Connection, dst: Connection, model: Any, where: Any) -> None:
@@ -130,6 +168,7 @@ class GcReport:
     artifact_bytes: int = 0
     blob_files: int = 0
     provenance: int = 0  # sources, specs and toolchains rows deleted
+    blob_files_kept: str | None = None  # why orphan blob files were not looked for, if they were not
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -139,6 +178,7 @@ class GcReport:
             "artifact_bytes": self.artifact_bytes,
             "blob_files": self.blob_files,
             "provenance": self.provenance,
+            "blob_files_kept": self.blob_files_kept,
         }
 
 
@@ -150,7 +190,11 @@ def gc(
     prune_history: bool = False,
     dry_run: bool = True,
 ) -> GcReport:
-    """Delete what nothing references. ``keep`` first drops current variants outside it."""
+    """Delete what nothing references. ``keep`` first drops current variants outside it.
+
+    Raises :class:`ManifestUnsatisfied`, deleting nothing, when a keep entry matches nothing.
+    """
+    require_satisfied(keep, rows, outcome="nothing was deleted")
     report = GcReport()
     with store.write() as conn:
         if keep:
@@ -177,7 +221,7 @@ def gc(
             conn.execute(delete(Artifact).where(Artifact.sha256.in_([sha for sha, _ in dead])))
         report.provenance = _prune_provenance(conn, doomed, dry_run)
         known = set(conn.execute(select(Artifact.sha256)).scalars())
-    report.blob_files = _prune_blob_files(store, known, dry_run)
+    report.blob_files, report.blob_files_kept = _prune_blob_files(store, known, dry_run)
     return report
 
 
@@ -201,39 +245,42 @@ def _prune_provenance(conn: Connection, doomed: Sequence[int], dry_run: bool) ->
     return count
 
 
-def _prune_blob_files(store: RegistryStore, known: set[str], dry_run: bool) -> int:
+def _prune_blob_files(store: RegistryStore, known: set[str], dry_run: bool) -> tuple[int, str | None]:
+    """Delete (count) blob files no artifact row names: the orphan count, and why none were
+    looked for when the directory's owner marker does not name this registry."""
     root = store.blobs.directory
     if root is None or not root.is_dir():
-        return 0
+        return 0, None
+    owner = blob_owner(root)
+    if owner is None or owner != store.registry_id:
+        whose = "has no" if owner is None else "has another registry's"
+        return 0, (
+            f"orphan blob files were not pruned: {root} {whose} {OWNER_FILE} owner marker, so other "
+            "registries may keep blobs there; give each registry its own --blob-dir"
+        )
     now = time.time()
     count = 0
-    for path in root.glob("*/*"):
-        if path.name.startswith(".tmp-") or path.name in known:
+    for path in store.blobs.blob_files():
+        if path.name in known:
             continue
         if now - path.stat().st_mtime < _BLOB_GRACE_S:
             continue  # may be a builder's blob whose row is about to commit
         count += 1
         if not dry_run:
             path.unlink(missing_ok=True)
-    return count
-
-
-# version v -> the function that upgrades a registry from v to v + 1.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {}
+    return count, None
 
 
 def migrate(store: RegistryStore) -> tuple[int, int]:
-    """Upgrade to :data:`SCHEMA_VERSION`. Returns (from, to). Refuses newer registries."""
+    """Upgrade to :data:`SCHEMA_VERSION`. Returns (from, to). Refuses newer registries and
+    ones older than every migration here, before changing anything."""
     with store.write() as conn:
-        found = int(conn.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar_one())
-        if found > SCHEMA_VERSION:
-            raise SchemaMismatch(store.display, found, SCHEMA_VERSION)
-        version = found
-        while version < SCHEMA_VERSION:
-            step = MIGRATIONS.get(version)
-            if step is None:
-                raise SchemaMismatch(store.display, version, SCHEMA_VERSION)
-            step(conn)
-            version += 1
-        conn.execute(update(Meta).where(Meta.key == "schema_version").values(value=str(version)))
-    return found, version
+        value = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar_one_or_none()
+        found = parse_schema_version(value, store.display)
+        if found > SCHEMA_VERSION or not migratable(found):
+            raise SchemaMismatch(store.display, found, SCHEMA_VERSION, migratable=False)
+        for version in range(found, SCHEMA_VERSION):
+            MIGRATIONS[version](conn)
+        if found != SCHEMA_VERSION:
+            conn.execute(update(Meta).where(Meta.key == "schema_version").values(value=str(SCHEMA_VERSION)))
+    return found, SCHEMA_VERSION

@@ -151,8 +151,15 @@ def _key_prefix(text: str) -> str:
 
 
 def failure_rows(conn: Connection, *, key_prefix: str | None = None) -> list[FailureRow]:
-    """Every key's latest failure, by family then key; with ``key_prefix``, only the keys that
-    start with it, and their logs (compile logs are long: only one key's is ever printed)."""
+    """Every key whose latest build attempt failed, with that failure, by family then key; with
+    ``key_prefix``, only the keys that start with it, and their logs (compile logs are long:
+    only one key's is ever printed). A key whose current variant was built in a later build
+    than its latest failure succeeded since, and is not listed."""
+    served = (
+        select(CurrentVariant.key, Variant.build_id)
+        .join(Variant, Variant.id == CurrentVariant.variant_id)
+        .subquery()
+    )
     query = select(
         Failure.key,
         Failure.family,
@@ -164,7 +171,11 @@ def failure_rows(conn: Connection, *, key_prefix: str | None = None) -> list[Fai
         Failure.reason,
         Failure.build_id,
         Failure.log if key_prefix is not None else null(),
-    ).where(Failure.id.in_(_latest_failure_ids()))
+    ).where(
+        Failure.id.in_(_latest_failure_ids()),
+        (served.c.build_id.is_(None)) | (served.c.build_id <= Failure.build_id),
+    )
+    query = query.outerjoin(served, served.c.key == Failure.key)
     if key_prefix is not None:
         query = query.where(Failure.key.startswith(_key_prefix(key_prefix), autoescape=True))
     rows = conn.execute(query.order_by(Failure.family, Failure.key))

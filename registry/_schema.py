@@ -50,7 +50,7 @@ __all__ = [
     "Variant",
 ]
 
-# Bump with every change to the tables below, and add a migration in _migrations.py.
+# Bump with every change to the tables below, and add a step to MIGRATIONS in _migrations.py.
 SCHEMA_VERSION = 1
 
 Sha256 = Annotated[str, mapped_column(String(64))]

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -27,15 +28,28 @@ __all__ = [
 _NUMERIC = ("abi", "bytes", "regs", "spill B", "smem B", "build")
 
 
+def _print_unclipped(table: Table) -> None:
+    """Print ``table`` at least as wide as its unbreakable columns: piped output defaults to
+    80 columns, and a clipped key or number reads as a different value."""
+    console = Console()
+    need = Measurement.get(console, console.options.update_width(10_000), table).minimum
+    if need > console.width:
+        console = Console(width=need)
+    console.print(table)
+
+
 def print_variants(rows: Sequence[VariantRow], title: str) -> None:
     table = Table(title=title)
     for col in ("key", "family", "abi", "arch", "params", "bytes", "regs", "spill B", "smem B", "build"):
-        table.add_column(col, justify="right" if col in _NUMERIC else "left")
+        if col == "key" or col in _NUMERIC:
+            table.add_column(col, justify="right" if col in _NUMERIC else "left", no_wrap=True)
+        else:
+            table.add_column(col, overflow="fold")  # these wrap, so the table fits where it can
     for r in rows:
         spills = "?" if r.spill_store_bytes is None else str(r.spill_store_bytes + (r.spill_load_bytes or 0))
         table.add_row(
             r.key[:12],
-            r.family,
+            Text(r.family),
             str(r.abi),
             r.arch,
             Text(params_text(r.params)),
@@ -45,7 +59,7 @@ def print_variants(rows: Sequence[VariantRow], title: str) -> None:
             str(r.static_smem_bytes + r.dynamic_smem_bytes),
             str(r.build_id),
         )
-    Console().print(table)
+    _print_unclipped(table)
 
 
 def print_variant(row: VariantRow, prov: dict[str, Any]) -> None:

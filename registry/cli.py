@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import wraps
 from pathlib import Path
@@ -33,7 +33,7 @@ from ._tables import (
     print_variant,
     print_variants,
 )
-from .errors import RegistryError
+from .errors import NoSuchVariant, RegistryError
 
 __all__ = ["main"]
 
@@ -77,7 +77,30 @@ def _fails(fn: Callable[..., None]) -> Callable[..., None]:
 
 
 def _open(registry: str) -> RegistryStore:
-    return RegistryStore.open(registry)
+    """Open for an audit: read-only, so read-only files and mounts work and nothing changes."""
+    return RegistryStore.open(registry, read_only=True)
+
+
+def _check_filters(
+    rows: Sequence[VariantRow], family: str | None, arch: str | None, wanted: Mapping[str, str]
+) -> None:
+    """Refuse a family, arch or param name the registry does not have: a typo would otherwise
+    list nothing and look like an answer."""
+    families = sorted({r.family for r in rows})
+    if family is not None and family not in families:
+        raise click.UsageError(
+            f"no family {family!r} in this registry (families: {', '.join(families) or 'none'})"
+        )
+    scope = [r for r in rows if family is None or r.family == family]
+    archs = sorted({r.arch for r in scope})
+    if arch is not None and arch not in archs:
+        raise click.UsageError(f"no arch {arch!r} among these variants (archs: {', '.join(archs) or 'none'})")
+    names = sorted({name for r in scope for name in r.params})
+    unknown = [name for name in wanted if name not in names]
+    if unknown:
+        raise click.UsageError(
+            f"no param named {', '.join(unknown)} among these variants (params: {', '.join(names) or 'none'})"
+        )
 
 
 def _manifest(path: str) -> Manifest:
@@ -119,6 +142,7 @@ def ls_(
     store = _open(registry)
     with store.read() as conn:
         rows = variant_rows(conn)
+    _check_filters(rows, family, arch, wanted)
     rows = [
         r
         for r in rows
@@ -152,32 +176,47 @@ def show(registry: str, key: str, as_json: bool) -> None:
 
 
 def _side(spec: str, registry: str | None) -> tuple[str, list[VariantRow], bool]:
-    """A diff operand: a build id or a variant key prefix in --registry, or a registry path/URL.
+    """A diff operand: a build id (``N`` or ``build:N``) or a variant key prefix in
+    --registry, or a registry path/URL.
 
     Returns its name, its variants, and whether it named a single variant.
     """
     is_location = "://" in spec or Path(spec).exists()
-    if not is_location and not spec.isdigit():
-        if registry is None:
-            raise click.UsageError(
-                f"{spec!r} is neither a registry nor a build id; a variant key needs --registry"
-            )
-        store = _open(registry)
+    if is_location:
+        store = _open(spec)
         with store.read() as conn:
-            row = find_variant(conn, spec)
-        return f"variant {row.key[:12]}", [row], True
-    if spec.isdigit():
-        if registry is None:
-            raise click.UsageError(f"{spec!r} is a build id; give --registry to say where")
-        store = _open(registry)
-        with store.read() as conn:
-            known = {b["id"] for b in builds(conn)}
-            if int(spec) not in known:
-                raise click.UsageError(f"build {spec} is not in {store.display} (builds: {sorted(known)})")
-            return f"build {spec}", variant_rows(conn, as_of_build=int(spec)), False
-    store = _open(spec)
+            return store.display, variant_rows(conn), False
+    build_text = spec.removeprefix("build:")
+    if registry is None:
+        what = "a build id" if build_text.isdigit() else "a variant key"
+        raise click.UsageError(f"{spec!r} is not a registry; as {what} it needs --registry to say where")
+    store = _open(registry)
     with store.read() as conn:
-        return store.display, variant_rows(conn), False
+        known = sorted(b["id"] for b in builds(conn))
+        if spec.startswith("build:"):
+            if not build_text.isdigit() or int(build_text) not in known:
+                raise click.UsageError(f"{spec} is not a build of {store.display} (builds: {known})")
+            return f"build {build_text}", variant_rows(conn, as_of_build=int(build_text)), False
+        is_build = spec.isdigit() and int(spec) in known
+        try:
+            row: VariantRow | None = find_variant(conn, spec)
+        except NoSuchVariant:
+            if not is_build:
+                if spec.isdigit():
+                    raise click.UsageError(
+                        f"{spec!r} is neither a build of {store.display} (builds: {known}) nor the "
+                        "start of a current variant's key"
+                    ) from None
+                raise
+            row = None
+        if is_build and row is not None:
+            raise click.UsageError(
+                f"{spec!r} is both build {spec} and the start of variant key {row.key[:16]}; write "
+                f"build:{spec} for the build, or more key digits for the variant"
+            )
+        if row is None:
+            return f"build {spec}", variant_rows(conn, as_of_build=int(spec)), False
+    return f"variant {row.key[:12]}", [row], True
 
 
 @main.command("diff")
@@ -294,15 +333,23 @@ def stale_(registry: str, spec_paths: Sequence[str], as_json: bool) -> None:
 @_json_option
 @_fails
 def gc_(registry: str, keep: Sequence[str], prune_history: bool, dry_run: bool, as_json: bool) -> None:
-    """Delete blobs and rows that no variant references (run with --dry-run first)."""
+    """Delete blobs and rows that no variant references (run with --dry-run first).
+
+    A --keep entry that matches nothing stops gc before it deletes anything. Orphan blob files
+    are pruned only in a blob directory this registry created (its .b12x-registry marker names
+    it): gc cannot see another registry's references, so a registry never shares its
+    --blob-dir.
+    """
     manifests = [_manifest(p) for p in keep]
-    store = _open(registry)
+    store = RegistryStore.open(registry)  # gc writes
     with store.read() as conn:
         rows = variant_rows(conn)
     report = gc(store, rows, keep=manifests, prune_history=prune_history, dry_run=dry_run)
     if as_json:
         _emit_json({"dry_run": dry_run, **report.to_json()})
         return
+    if report.blob_files_kept:
+        click.echo(f"note: {report.blob_files_kept}", err=True)
     verb = "would delete" if dry_run else "deleted"
     Console().print(
         f"{verb}: {len(report.uncurrent)} variant(s) outside the keep manifests, {report.variants} variant row(s), "
@@ -339,11 +386,15 @@ def export_(registry: str, manifest_path: str, out: str, as_json: bool) -> None:
 
 @main.command("migrate")
 @_registry_option
+@_json_option
 @_fails
-def migrate_(registry: str) -> None:
+def migrate_(registry: str, as_json: bool) -> None:
     """Upgrade a registry to this code's schema version."""
     store = RegistryStore.open(registry, check_schema=False)
     before, after = migrate(store)
+    if as_json:
+        _emit_json({"registry": store.display, "from": before, "to": after, "migrated": before != after})
+        return
     Console().print(f"schema {before} -> {after}" if before != after else f"already at schema {after}")
 
 
@@ -377,6 +428,9 @@ def failures_(registry: str, log_key: str | None, as_json: bool) -> None:
     if log_key:
         if len(rows) != 1:
             raise click.UsageError(f"--log {log_key!r} matches {len(rows)} failures")
+        if as_json:
+            _emit_json({**rows[0].to_json(), "log": rows[0].log or ""})
+            return
         click.echo(rows[0].log or rows[0].reason)
         return
     if as_json:

@@ -5,11 +5,13 @@ from __future__ import annotations
 from b12x_aot.loader import B12xError
 
 __all__ = [
+    "BlobDirError",
     "BlobError",
     "ManifestUnsatisfied",
     "NoSuchVariant",
     "RegistryError",
     "RegistryNotFound",
+    "RegistryUsageError",
     "SchemaMismatch",
 ]
 
@@ -19,7 +21,19 @@ class RegistryError(B12xError):
 
 
 class RegistryNotFound(RegistryError):
-    """The registry does not exist or cannot be reached."""
+    """The registry does not exist, cannot be reached, or is not a b12x-aot registry."""
+
+    exit_code = 2
+
+
+class RegistryUsageError(RegistryError):
+    """A registry location or option the command cannot use as given (the user changes it)."""
+
+    exit_code = 2
+
+
+class BlobDirError(RegistryError):
+    """A blob directory that does not belong to the registry it is used with."""
 
     exit_code = 2
 
@@ -29,15 +43,23 @@ class SchemaMismatch(RegistryError):
 
     exit_code = 2
 
-    def __init__(self, registry: str, found: int, expected: int) -> None:
+    def __init__(self, registry: str, found: int, expected: int, *, migratable: bool = True) -> None:
         super().__init__(registry, found, expected)
         self.registry, self.found, self.expected = registry, found, expected
+        self.migratable = migratable
 
     def format_message(self) -> str:
         if self.found > self.expected:
             return (
                 f"registry {self.registry} has schema version {self.found}, newer than this "
                 f"b12x-aot's {self.expected}. Upgrade b12x-aot; never write to it with older code."
+            )
+        if not self.migratable:
+            # No chain of migrations starts at this version: advising migrate would loop.
+            return (
+                f"registry {self.registry} has schema version {self.found}; this b12x-aot uses "
+                f"{self.expected} and has no migration from {self.found}. Rebuild it with "
+                f"`b12x-compile specs/ --registry NEW` (a new file or database)."
             )
         return (
             f"registry {self.registry} has schema version {self.found}; this b12x-aot uses "
@@ -63,12 +85,15 @@ class NoSuchVariant(RegistryError):
 
 
 class ManifestUnsatisfied(RegistryError):
-    """Export found manifest entries that no variant in the registry satisfies."""
+    """Manifest entries that no variant in the registry satisfies (export and gc --keep).
 
-    def __init__(self, missing: list[str]) -> None:
-        super().__init__(missing)
-        self.missing = missing
+    ``outcome`` says what the command left alone because of them ("nothing was written").
+    """
+
+    def __init__(self, missing: list[str], outcome: str = "nothing was written") -> None:
+        super().__init__(missing, outcome)
+        self.missing, self.outcome = missing, outcome
 
     def format_message(self) -> str:
         rows = "\n".join(f"- {m}" for m in self.missing)
-        return f"{len(self.missing)} manifest requirement(s) matched nothing; nothing was written:\n{rows}"
+        return f"{len(self.missing)} manifest requirement(s) matched nothing; {self.outcome}:\n{rows}"

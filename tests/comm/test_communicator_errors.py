@@ -471,3 +471,50 @@ def test_from_env_refuses_a_missing_launcher_environment(monkeypatch: pytest.Mon
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(CommArgumentError, match="RANK is not set"):
         Communicator.from_env(None, 4096)  # type: ignore[arg-type]
+
+
+def test_raw_stream_takes_handles_and_torch_streams_and_refuses_the_rest() -> None:
+    from b12x_aot.comm._device import raw_stream
+
+    class TorchLikeStream:
+        cuda_stream = 0x51
+
+    assert raw_stream(None) is None and raw_stream(7) == 7
+    assert raw_stream(TorchLikeStream()) == 0x51
+    with pytest.raises(
+        CommArgumentError, match=r"stream is not a CUDA stream \(got object\)\. Pass a torch\.cuda"
+    ):
+        raw_stream(object())
+
+
+def test_a_bad_stream_fails_every_rank_without_waiting_for_the_rendezvous_timeout() -> None:
+    """The stream is checked inside setup, so the peers hear of the failure at once."""
+    import threading
+
+    from b12x_aot.comm import ThreadRendezvous
+
+    rendezvous = ThreadRendezvous(2, timeout=20.0)
+    raised: dict[int, BaseException] = {}
+
+    def rank(r: int, stream: Any) -> None:
+        try:
+            Communicator.create(
+                None,  # type: ignore[arg-type]  # setup fails before the registry is read
+                rank=r,
+                world=2,
+                capacity_bytes=4096,
+                rendezvous=rendezvous.member(r),
+                device=0,
+                stream=stream,
+            )
+        except BaseException as exc:
+            raised[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r, s)) for r, s in ((0, object()), (1, None))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert isinstance(raised[0], CommArgumentError) and "stream is not a CUDA stream" in str(raised[0])
+    # Rank 1 fails on its own (no GPU, or no registry) or hears of rank 0: never a rendezvous timeout.
+    assert 1 in raised and not isinstance(raised[1], RendezvousError), raised.get(1)

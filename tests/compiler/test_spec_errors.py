@@ -89,6 +89,21 @@ def test_duplicate_family_across_files(tmp_path: Path) -> None:
         load_specs([tmp_path])
 
 
+def test_a_file_named_twice_loads_once(tmp_path: Path) -> None:
+    path = write_spec(tmp_path, "a.yaml", TOPK_SMALL)
+    specs = load_specs([tmp_path, path, tmp_path / "." / "a.yaml"])
+    assert [s.path for s in specs] == [path]
+
+
+def test_a_spec_that_is_not_utf8_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(TOPK_SMALL.replace("family:", "# caf\xe9\nfamily:", 1).encode("latin-1"))
+    with pytest.raises(
+        SpecError, match=r"latin1\.yaml:\d+: not UTF-8 text \(byte \d+: invalid continuation byte\)"
+    ):
+        load_spec(path)
+
+
 def test_cli_shows_message_not_traceback(tmp_path: Path, cli) -> None:
     from b12x_aot.compiler.cli import main
 

@@ -49,8 +49,26 @@ def test_exact_combinations() -> None:
         ({"variants": [{"family": "a.b", "abi": 1, "colour": 1}]}, "unknown keys"),
         ({"variants": [{"family": "a.b", "abi": 1, "params": {"x": {"lo": 1}}}]}, "range is"),
         ({"variants": [{"family": "a.b", "abi": 1, "params": {"x": [1.5]}}]}, "ints, strings or bools"),
+        (
+            {"variants": [{"family": "a.b", "abi": 1, "archs": 5}]},
+            r"archs: must be a non-empty list .*\(got 5\)",
+        ),
+        ({"variants": [{"family": "a.b", "abi": 1, "archs": []}]}, "leave it out to mean every arch"),
+        ({"variants": [{"family": "a.b", "abi": 1, "archs": [90]}]}, "list of arch names"),
     ],
 )
 def test_rejects_bad_manifests(data: dict, fragment: str) -> None:
     with pytest.raises(ManifestError, match=fragment):
         Manifest.from_mapping(data)
+
+
+def test_a_string_of_digits_is_shown_quoted_so_it_does_not_read_as_the_int() -> None:
+    m = Manifest.from_mapping(
+        {
+            "variants": [
+                {"family": "a.b", "abi": 1, "params": {"topk": "8", "hidden": 7168, "element": "bf16"}}
+            ]
+        }
+    )
+    assert m.requirements[0].describe() == "a.b abi=1 [any arch] topk='8' hidden=7168 element=bf16"
+    assert not m.requirements[0].matches("a.b", 1, "sm_90a", {"topk": 8, "hidden": 7168, "element": "bf16"})

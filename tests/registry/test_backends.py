@@ -228,20 +228,20 @@ def test_opening_a_sqlite_file_waits_out_a_lock_it_cannot_queue_on(tmp_path: Pat
 
     real, calls = Store._initialise, []
 
-    def locked_twice(self, create, blob_dir):
+    def locked_twice(self, blob_dir, blob_path):
         calls.append(1)
         if len(calls) <= 2:
             raise OperationalError("BEGIN IMMEDIATE", {}, Exception("database is locked"))
-        return real(self, create, blob_dir)
+        return real(self, blob_dir, blob_path)
 
     monkeypatch.setattr(Store, "_initialise", locked_twice)
     store = Store.open(tmp_path / "r.db", create=True)
     assert len(calls) == 3 and store.dialect == "sqlite"
     store.close()
 
-    def broken(self, create, blob_dir):
+    def broken(self, blob_dir, blob_path):
         raise OperationalError("SELECT", {}, Exception("disk I/O error"))
 
     monkeypatch.setattr(Store, "_initialise", broken)
     with pytest.raises(RegistryNotFound, match="disk I/O error"):
-        Store.open(tmp_path / "r.db")
+        Store.open(tmp_path / "r.db", create=True)
