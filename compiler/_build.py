@@ -7,6 +7,7 @@ and a re-run continues where it stopped (the plan sees the finished variants as 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -112,7 +113,7 @@ def run_build(
             else:
                 summary.unchanged += 1
         else:
-            kind = outcome.status  # failed, timeout or rejected
+            kind = outcome.status  # failed, timeout, transient or rejected
             writer.record_failure(
                 build_id,
                 FailureRecord(
@@ -128,11 +129,16 @@ def run_build(
             bucket.append(_reported(v, outcome.stage, outcome.reason, False))
         on_outcome(outcome.status)
 
-    status = "interrupted"
     try:
         executor.run_jobs([CompileJob.of(i.variant) for i in todo.values()], record, timeout=timeout)
-        status = "ok" if summary.ok else "failed"
-    finally:
+    except BaseException:
+        # Stopped before the plan ran out (Ctrl-C, SIGTERM, a store that failed mid-build): the
+        # build row says so. The original error says more than a second one from a store that
+        # just failed, so finishing here is best effort.
         summary.seconds = time.monotonic() - start
-        writer.finish_build(build_id, status, summary.record())
+        with contextlib.suppress(Exception):
+            writer.finish_build(build_id, "interrupted", summary.record())
+        raise
+    summary.seconds = time.monotonic() - start
+    writer.finish_build(build_id, "ok" if summary.ok else "failed", summary.record())
     return summary

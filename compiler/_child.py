@@ -10,21 +10,25 @@ goes to stderr, so nothing the DSL prints reaches the protocol or a ``--json`` r
 
 The parent always knows which job its child holds: past its time limit the child is killed and
 the job ends as ``timeout``, and a child that dies (segfault, OOM, ``os._exit``) fails only the
-job it held. Every job sent ends as exactly one outcome. A child whose parent dies exits too.
+job it held. Every job sent ends as exactly one outcome. A child that cannot start sends its
+traceback, which the jobs that never ran record as their log. A child whose parent dies, or
+closes the pipe, exits too, quietly: nobody is left to read a traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
 
-from ._driver import CompileJob, CompileOutcome, compile_job, prepare_worker
+from ._driver import TRANSIENT, CompileJob, CompileOutcome, compile_job, prepare_worker
 
 __all__ = ["START_TIMEOUT", "CompileChild"]
 
@@ -37,10 +41,21 @@ class CompileChild:
     """A running compile process for one arch. Its owner drives it from one thread.
 
     ``ready`` once the DSL is imported; ``job`` is the job it holds, if any; ``gone`` once it has
-    exited or been killed, with ``start_failure`` set if that happened before it was ready.
+    exited or been killed, with ``start_failure`` set if that happened before it was ready (and
+    ``start_log``, the child's traceback, when it could send one).
     """
 
-    __slots__ = ("_conn", "_process", "_since", "arch", "gone", "job", "ready", "start_failure")
+    __slots__ = (
+        "_conn",
+        "_process",
+        "_since",
+        "arch",
+        "gone",
+        "job",
+        "ready",
+        "start_failure",
+        "start_log",
+    )
 
     def __init__(self, arch: str, scratch: str) -> None:
         ours, theirs = Pipe()
@@ -62,6 +77,7 @@ class CompileChild:
         self.ready = False
         self.gone = False
         self.start_failure: str | None = None
+        self.start_log = ""
         self._since = time.monotonic()
         self._post(list(sys.path))  # the child finds modules where this process does
 
@@ -92,6 +108,10 @@ class CompileChild:
                     if kind == "ready":
                         self.ready = True
                         return None
+                    if kind == "start_failed":
+                        self.start_log = payload
+                        last = payload.strip().splitlines()[-1] if payload.strip() else "no traceback"
+                        return self._lost("failed", f"compile worker for {self.arch} failed to start: {last}")
                     self.job = None
                     return payload
             except (EOFError, OSError):
@@ -115,7 +135,8 @@ class CompileChild:
         while not self.ready:
             self.update(bool(wait([self], 1.0)), None)
             if self.gone:
-                return CompileOutcome.worker_failure(job, "failed", self.start_failure or "")
+                reason = self.start_failure or f"compile worker for {self.arch} failed to start"
+                return CompileOutcome.worker_failure(job, TRANSIENT, reason, log=self.start_log)
         self.send(job)
         while True:
             outcome = self.update(bool(wait([self], 1.0)), timeout)
@@ -185,14 +206,27 @@ def main() -> None:
     arch, scratch, fd, parent = sys.argv[1:5]
     conn = Connection(int(fd))
     _exit_with(int(parent))
+    # Ctrl-C reaches the whole process group; the parent ends its children itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _serve(conn, arch, scratch)
+    except (EOFError, OSError):
+        # The parent closed the pipe (killed, or stopping the build): nobody reads an answer.
+        os._exit(1)
+
+
+def _serve(conn: Connection, arch: str, scratch: str) -> None:
     sys.path[:] = conn.recv()
-    prepare_worker(arch, scratch)
+    try:
+        prepare_worker(arch, scratch)
+    except Exception:
+        log = traceback.format_exc()
+        sys.stderr.write(log)
+        conn.send(("start_failed", log))
+        raise SystemExit(1) from None
     conn.send(("ready", None))
     while True:
-        try:
-            job = conn.recv()
-        except EOFError:
-            return
+        job = conn.recv()
         if job is None:
             return
         conn.send(("done", compile_job(job)))

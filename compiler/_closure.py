@@ -104,6 +104,8 @@ def _imports(module: str, path: Path, tree: ast.AST, roots: frozenset[str]) -> s
             exports = _reexports(target) if target != module else None
             if exports is not None and "*" not in names and all(n in exports for n in names):
                 found.update(exports[n] for n in names)  # the defining modules, not the __init__
+                # ... or the re-exported name is itself a module (`from .utils import swizzle`)
+                found.update(f"{exports[n]}.{n}" for n in names)
                 continue
             found.add(target)
             # "from pkg import name" may name a submodule.

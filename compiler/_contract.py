@@ -18,7 +18,7 @@ from ._cubin import CubinInfo, KernelResources
 from ._spec import Limits
 from .errors import ContractError
 
-__all__ = ["check_contract", "check_limits"]
+__all__ = ["check_contract", "check_limits", "undecided_limits"]
 
 
 def check_contract(
@@ -72,29 +72,38 @@ def check_contract(
 def check_limits(limits: Limits, kernel: KernelResources, sass: SassHistogram | None) -> str | None:
     """Why the compiled kernel is over a spec bound, or None when it is within all of them.
 
-    Spill bytes come from SASS; when SASS is unknown the stack frame stands in for them (spills
-    live in the frame, so a zero frame proves zero spills). ``async_wgmma`` needs SASS: ptxas
-    serializing wgmmas shows as a ``WARPGROUP.DEPBAR`` wait after every ``HGMMA``.
+    Spill bytes come from SASS; when SASS is unknown a stack frame within the bound still proves
+    it (spills live in the frame). ``async_wgmma`` needs SASS: ptxas serializing wgmmas shows as
+    a ``WARPGROUP.DEPBAR`` wait after every ``HGMMA``. A bound only SASS can decide is not judged
+    without it (a rejection is kept for these inputs forever): :func:`undecided_limits` names it.
     """
-    spill_bytes = sass.spill_store_bytes if sass is not None else None
     over: list[str] = []
     if limits.max_registers is not None and (kernel.registers or 0) > limits.max_registers:
         over.append(f"registers {kernel.registers} > max_registers {limits.max_registers}")
-    if limits.max_spill_bytes is not None:
-        spill = spill_bytes if spill_bytes is not None else kernel.frame_bytes
-        if spill > limits.max_spill_bytes:
-            what = "spill bytes" if spill_bytes is not None else "stack frame bytes (no SASS to count spills)"
-            over.append(f"{what} {spill} > max_spill_bytes {limits.max_spill_bytes}")
+    spill = sass.spill_store_bytes if sass is not None else None
+    if limits.max_spill_bytes is not None and spill is not None and spill > limits.max_spill_bytes:
+        over.append(f"spill bytes {spill} > max_spill_bytes {limits.max_spill_bytes}")
     if limits.max_stack_bytes is not None and kernel.frame_bytes > limits.max_stack_bytes:
         over.append(f"stack frame {kernel.frame_bytes} B > max_stack_bytes {limits.max_stack_bytes}")
-    if limits.async_wgmma:
-        if sass is None:
-            over.append("async_wgmma needs the SASS histogram: install the [sass] extra (nvdisasm)")
-        else:
-            wgmmas, waits = sass.count("HGMMA"), sass.count("WARPGROUP.DEPBAR")
-            if wgmmas and waits >= wgmmas:
-                over.append(
-                    f"{waits} wgmma waits for {wgmmas} wgmmas: ptxas serialized them (async_wgmma); "
-                    "no register that a wgmma in flight reads may be written before its wait_group"
-                )
+    if limits.async_wgmma and sass is not None:
+        wgmmas, waits = sass.count("HGMMA"), sass.count("WARPGROUP.DEPBAR")
+        if wgmmas and waits >= wgmmas:
+            over.append(
+                f"{waits} wgmma waits for {wgmmas} wgmmas: ptxas serialized them (async_wgmma); "
+                "no register that a wgmma in flight reads may be written before its wait_group"
+            )
     return "; ".join(over) or None
+
+
+def undecided_limits(limits: Limits, kernel: KernelResources, sass: SassHistogram | None) -> str | None:
+    """The bounds that only SASS can decide for this kernel, when ``sass`` is unknown; else None."""
+    if sass is not None:
+        return None
+    undecided: list[str] = []
+    if limits.max_spill_bytes is not None and kernel.frame_bytes > limits.max_spill_bytes:
+        undecided.append(
+            f"max_spill_bytes {limits.max_spill_bytes} (stack frame {kernel.frame_bytes} B; only SASS counts spills)"
+        )
+    if limits.async_wgmma:
+        undecided.append("async_wgmma")
+    return ", ".join(undecided) or None

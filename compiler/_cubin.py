@@ -1,10 +1,11 @@
 """Read what a cubin says about itself, with no GPU: arch, kernels, parameters, resources.
 
-Sources, all in the ELF: the header's ``e_flags`` (SM number), ``.symtab`` (kernel symbols),
-``.nv.info`` (per-kernel register count, stack frame and stack sizes), ``.nv.info.<kernel>``
-(``EIATTR_KPARAM_INFO`` records, required threads, parameter bank size), ``.nv.shared.<kernel>``
-(static shared memory), ``.nv.constant0.<kernel>``, ``.text.<kernel>`` (code) and
-``.note.nv.tkinfo`` (the ptxas version and flags that produced it).
+Sources, all in the ELF: the header's ``e_flags`` (SM number, where its CUDA ELF ABI version puts
+it), ``.symtab`` (kernel symbols), ``.nv.info`` (per-kernel register count, stack frame and stack
+sizes), ``.nv.info.<kernel>`` (``EIATTR_KPARAM_INFO`` records, required threads, parameter bank
+size), ``.nv.shared.<kernel>`` (static shared memory), ``.nv.constant0.<kernel>``,
+``.text.<kernel>`` (code) and ``.note.nv.tkinfo`` (the ptxas version and flags that produced it;
+ABI-7 cubins have none).
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ _EIATTR_KPARAM_INFO = 0x17
 _EIATTR_CBANK_PARAM_SIZE = 0x19
 _EIATTR_MAX_STACK_SIZE = 0x23
 _EIATTR_REGCOUNT = 0x2F
+
+# Where e_flags keeps the SM depends on the header's e_ident[EI_ABIVERSION]: CUDA ELF ABI 7 (ptxas
+# 12.9 for sm_90a: e_flags 0x5a0d5a) has it in bits 0-7, ABI 8 (ptxas 13.x for every target: sm_90a
+# gives 0x6005a04; ptxas 12.9 for sm_100a and sm_120a) in bits 8-15. Older ABIs are read like 7.
+_LOW_BYTE_SM_ABI = 7
+_SECOND_BYTE_SM_ABI = 8
 
 _PTXAS_VERSION = re.compile(rb"Cuda compilation tools, release [\d.]+, V([\d.]+)")
 
@@ -71,6 +78,19 @@ def _records(data: bytes) -> list[tuple[int, int, bytes | int]]:
     return out
 
 
+def _sm(abi: int, e_flags: int) -> int:
+    """The SM number from ``e_flags``, read as the header's CUDA ELF ABI version lays it out."""
+    if abi <= _LOW_BYTE_SM_ABI:
+        return e_flags & 0xFF
+    if abi == _SECOND_BYTE_SM_ABI:
+        return (e_flags >> 8) & 0xFF
+    raise ContractError(
+        f"cubin has CUDA ELF ABI version {abi} (e_flags {e_flags:#x}); b12x-aot reads the SM of "
+        f"versions up to {_SECOND_BYTE_SM_ABI} only: extend b12x_aot.compiler._cubin._sm "
+        "with that version's e_flags layout, or compile with a CuTe DSL whose ptxas emits one it knows"
+    )
+
+
 def _ptxas_note(elf: ELFFile) -> tuple[str | None, str | None]:
     section = elf.get_section_by_name(".note.nv.tkinfo")
     if section is None:
@@ -87,7 +107,7 @@ def inspect_cubin(data: bytes) -> CubinInfo:
     """Parse a cubin. Raises :class:`ContractError` if it is not a readable CUDA ELF."""
     try:
         elf = ELFFile(io.BytesIO(data))
-        sm = (elf.header["e_flags"] >> 8) & 0xFF
+        sm = _sm(elf.header["e_ident"]["EI_ABIVERSION"], elf.header["e_flags"])
         symtab = elf.get_section_by_name(".symtab")
         if symtab is None:
             raise ContractError("cubin has no .symtab")

@@ -21,7 +21,7 @@ from typing import Any
 from b12x_aot.loader import Arg, Geometry, StaticGeometry, VariantId
 from b12x_aot.registry import KernelResources, SassHistogram
 
-from ._contract import check_contract, check_limits
+from ._contract import check_contract, check_limits, undecided_limits
 from ._cubin import inspect_cubin
 from ._sass import sass_histograms
 from ._spec import Limits
@@ -29,7 +29,11 @@ from ._toolchain import COMPILE_OPTIONS
 from ._variants import Variant
 from .errors import ContractError
 
-__all__ = ["CompileJob", "CompileOutcome", "compile_job", "prepare_worker"]
+__all__ = ["TRANSIENT", "CompileJob", "CompileOutcome", "compile_job", "prepare_worker"]
+
+# A job that ended for a reason outside its variant: a worker that could not start, or SASS a
+# limit needs that could not be read. Not a verdict on the inputs, so the next build retries it.
+TRANSIENT = "transient"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +66,7 @@ class CompileOutcome:
     """How one job ended. ``ok`` carries the cubin and what the registry records of it."""
 
     variant: VariantId
-    status: str  # ok, failed, timeout, rejected
+    status: str  # ok, failed, timeout, transient, rejected
     stage: str  # compile, contract, limits, worker
     reason: str
     log: str
@@ -78,8 +82,8 @@ class CompileOutcome:
     def worker_failure(
         cls, job: CompileJob, status: str, reason: str, seconds: float = 0.0, log: str = ""
     ) -> CompileOutcome:
-        """A job that ended without a compile result: its process died, ran past its timeout or
-        never started (``status`` ``failed`` or ``timeout``, stage ``worker``)."""
+        """A job that ended without a compile result: its process died (``failed``), ran past
+        its timeout (``timeout``) or never started (``transient``); stage ``worker``."""
         return cls(job.variant, status, "worker", reason, log or reason, seconds)
 
 
@@ -179,4 +183,11 @@ def compile_job(job: CompileJob) -> CompileOutcome:
     over = check_limits(job.limits, resources, sass)
     if over is not None:
         return done("rejected", "limits", over, note, **extra)
+    undecided = undecided_limits(job.limits, resources, sass)
+    if undecided is not None:
+        reason = (
+            f"limits {undecided} need the SASS histogram, and nvdisasm is unavailable or failed on "
+            "this cubin: install nvidia-cuda-nvdisasm (the [sass] extra); the next build retries it"
+        )
+        return done(TRANSIENT, "limits", reason, note, **extra)
     return done("ok", "compile", "", note, **extra)

@@ -5,6 +5,8 @@ the ``rebuild`` toolchain policy, the same toolchain), ``stale`` (current, but o
 changed: the reason says which), ``new`` (never built), ``failed`` (its last build with these
 same inputs failed; retried only with ``--retry-failed``) and ``rejected`` (by the planner
 checks, or by the spec's register/spill bounds on an earlier compile of these same inputs).
+A ``timeout`` or ``transient`` failure is not a verdict on the inputs: the variant plans as new
+or stale again.
 """
 
 from __future__ import annotations
@@ -162,6 +164,12 @@ def make_plan(
     return Plan(tuple(items), toolchain, provenance, shard)
 
 
+def _judged_without_sass(failure: FailureState) -> bool:
+    """A limits rejection recorded with no SASS to judge by: builds that lacked nvdisasm took a
+    stack frame for spills and an unknown async_wgmma as broken. --retry-failed retries those."""
+    return failure.stage == "limits" and "SASS" in failure.reason
+
+
 def _classify(
     variant: Variant,
     prov: Provenance,
@@ -173,12 +181,14 @@ def _classify(
     state = states.get(variant.key)
     last = failures.get(variant.key)
     newer_failure = last is not None and (state is None or last.id_after(state))
+    reason = _staleness(state, prov, policy) if state is not None else None
     if newer_failure and last.same_inputs(prov):  # type: ignore[union-attr]
-        if last.kind == "rejected":  # type: ignore[union-attr]
+        if last.kind == "rejected" and not (retry_failed and _judged_without_sass(last)):  # type: ignore[union-attr]
             return PlanItem(variant, "rejected", last.reason, last.stage, True)  # type: ignore[union-attr]
-        if last.kind == "failed" and not retry_failed:  # type: ignore[union-attr]
+        # A failure recorded after another builder stored these very inputs (the two raced)
+        # does not take back the artifact: the variant is present.
+        if last.kind == "failed" and not retry_failed and (state is None or reason):  # type: ignore[union-attr]
             return PlanItem(variant, "failed", last.reason, last.stage, True)  # type: ignore[union-attr]
     if state is None:
         return PlanItem(variant, "new")
-    reason = _staleness(state, prov, policy)
     return PlanItem(variant, "stale", reason) if reason else PlanItem(variant, "present")

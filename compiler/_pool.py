@@ -4,27 +4,31 @@ Up to ``workers`` :class:`CompileChild` processes, each bound to one arch. Jobs 
 arch so that children rarely switch arch (a switch costs a DSL import), and handed out one at a
 time, so the pool always knows which job each child holds: a job past its timeout gets its
 child killed and replaced, and a child that dies fails only its own job. A child that cannot
-even start fails the pending jobs of its arch rather than being restarted forever.
+even start is replaced, up to :data:`START_ATTEMPTS` times per arch; after that, with no child
+of the arch left, its pending jobs end as ``transient`` (retried by the next build) rather than
+the pool restarting children forever.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
 from typing import TYPE_CHECKING
 
 from ._child import CompileChild
-from ._driver import CompileJob, CompileOutcome
+from ._driver import TRANSIENT, CompileJob, CompileOutcome
 from ._executor import Executor
 from .errors import ExecutorError
 
 if TYPE_CHECKING:
     from ._plan import Plan
 
-__all__ = ["LocalExecutor"]
+__all__ = ["START_ATTEMPTS", "LocalExecutor"]
+
+START_ATTEMPTS = 3  # children of one arch that may fail to start before its jobs are given up
 
 
 class LocalExecutor(Executor):
@@ -57,6 +61,8 @@ class LocalExecutor(Executor):
         scratch = tempfile.mkdtemp(prefix="b12x-compile-")
         pending: deque[CompileJob] = deque(sorted(jobs, key=lambda j: j.arch))
         pool: list[CompileChild] = []
+        start_failures: Counter[str] = Counter()
+        last_start_failure: dict[str, CompileChild] = {}
         try:
             while pending or any(c.job is not None for c in pool):
                 # Fill idle capacity: reuse a ready child of the right arch, else start one.
@@ -69,10 +75,24 @@ class LocalExecutor(Executor):
                             continue
                         pending.remove(job)
                         child.send(job)
-                while len(pool) < self.workers and pending:
+                while len(pool) < self.workers:
+                    startable = [j.arch for j in pending if start_failures[j.arch] < START_ATTEMPTS]
+                    if not startable:
+                        break
                     busy_archs = [c.arch for c in pool]
-                    arch = next((j.arch for j in pending if j.arch not in busy_archs), pending[0].arch)
+                    arch = next((a for a in startable if a not in busy_archs), startable[0])
                     pool.append(CompileChild(arch, scratch))
+                # An arch whose children keep failing to start, with none left to run its jobs.
+                for arch in sorted({j.arch for j in pending} - {c.arch for c in pool}):
+                    if start_failures[arch] < START_ATTEMPTS:
+                        continue
+                    failed = last_start_failure[arch]
+                    reason = f"{failed.start_failure} ({start_failures[arch]} attempts)"
+                    for lost in [j for j in pending if j.arch == arch]:
+                        pending.remove(lost)
+                        on_outcome(
+                            CompileOutcome.worker_failure(lost, TRANSIENT, reason, log=failed.start_log)
+                        )
                 if not pool:
                     break
                 readable = wait(pool, timeout=1.0)
@@ -84,12 +104,11 @@ class LocalExecutor(Executor):
                         continue
                     pool.remove(child)
                     if child.start_failure is not None:
-                        for lost in [j for j in pending if j.arch == child.arch]:
-                            pending.remove(lost)
-                            on_outcome(CompileOutcome.worker_failure(lost, "failed", child.start_failure))
+                        start_failures[child.arch] += 1
+                        last_start_failure[child.arch] = child
         finally:
             for child in pool:
-                if child.job is not None:
+                if child.job is not None or not child.ready:  # a starting child cannot read a stop
                     child.kill()
                 else:
                     child.stop()

@@ -68,8 +68,8 @@ class BuildProgress:
         return sum(self.counts.values())
 
     def update(self, status: str) -> None:
-        """Count one finished variant: ok, failed, timeout or rejected."""
-        self.counts["failed" if status == "timeout" else status] += 1
+        """Count one finished variant: ok, failed, timeout, transient or rejected."""
+        self.counts["failed" if status in ("timeout", "transient") else status] += 1
         if self._progress is not None and self._task is not None:
             self._progress.update(
                 self._task,

@@ -122,6 +122,12 @@ class Limits:
     # the specs that leave them off keep their hashes (and their variants stay current).
     _LATER = ("async_wgmma",)
 
+    @property
+    def needs_sass(self) -> bool:
+        """Whether a bound may need nvdisasm's SASS histogram to be decided: async_wgmma always,
+        max_spill_bytes whenever a kernel's stack frame exceeds it."""
+        return self.async_wgmma or self.max_spill_bytes is not None
+
     def to_contract(self) -> dict[str, Any]:
         """The bounds as :meth:`Spec.contract` hashes them."""
         return {k: v for k, v in asdict(self).items() if v or k not in self._LATER}

@@ -1,7 +1,10 @@
-"""The toolchain fingerprint: every installed nvidia-cutlass-dsl* distribution, and options.
+"""The toolchain fingerprint: the nvidia-cutlass-dsl* distributions compiles use, and options.
 
-Read from package metadata, not by importing the DSL. The ptxas that assembled a cubin is
-recorded per kernel from the cubin itself (``KernelResources``/``CubinInfo``).
+Read from package metadata and :mod:`._cuda_build`, not by importing the DSL. Of the DSL's
+per-CUDA builds (nvidia-cutlass-dsl-libs-cu12, -cu13), each with its own ptxas, only the one the
+DSL loads here counts: a host whose driver is 12.x compiles with cu12, one with a 13.x driver or
+none with cu13, and the two must not share a toolchain hash. The ptxas that assembled a cubin is
+also recorded per kernel from the cubin itself when it says (``KernelResources``/``CubinInfo``).
 
 A build whose compiles run on other machines than the one that records them (a dask cluster)
 also compares a :class:`Fingerprint` of each worker with the client's: the DSL distributions,
@@ -14,6 +17,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 from b12x_aot.registry import SourceClosure, Toolchain
 
 from ._closure import source_closure
+from ._cuda_build import dsl_cuda_build
 from .errors import ToolchainError
 
 __all__ = [
@@ -37,10 +42,20 @@ __all__ = [
 # Options every variant is compiled with (besides --gpu-arch, which the arch fixes).
 COMPILE_OPTIONS = "--keep-cubin --opt-level 3"
 
-# The DSL embeds ptxas in its compiler library and picks a CUDA flavor of that library (cu12,
-# cu13) when it is imported, from the installed flavors and the driver; cutlass.CUDA_VERSION is
-# the CUDA release of the library it picked, which is the release the cubins' ptxas reports.
-_PTXAS_PROBE = "import cutlass\nv = cutlass.CUDA_VERSION\nprint(f'release {v.major}.{v.minor}')\n"
+_LIBS = re.compile(r"nvidia-cutlass-dsl-libs-cu(\d+)")
+
+# The DSL embeds ptxas in its compiler library and picks a CUDA build of that library (cu12,
+# cu13) when it is imported; cutlass.CUDA_VERSION is the CUDA release of the build it picked,
+# which is the release the cubins' ptxas reports. The probe also names that build, to hold
+# _cuda_build's reading of the DSL's rule to what the DSL does.
+_PTXAS_PROBE = (
+    "import re, sys, cutlass\n"
+    "lib = sys.modules['cutlass._mlir._mlir_libs._cutlass_ir'].__file__ or ''\n"
+    "m = re.search(r'_cutlass_ir[.]cu([0-9]+)[.]', lib)\n"
+    "print(f'build cu{m[1]}' if m else 'build none')\n"
+    "v = cutlass.CUDA_VERSION\n"
+    "print(f'release {v.major}.{v.minor}')\n"
+)
 _PROBE_TIMEOUT_S = 300
 
 
@@ -56,19 +71,37 @@ def current_toolchain(options: str = COMPILE_OPTIONS) -> Toolchain:
             "nvidia-cutlass-dsl is not installed; install the project (pip install -e .) "
             "to get the CuTe DSL toolchain"
         )
+    build = dsl_cuda_build()
+    if build is not None:
+        libs = f"nvidia-cutlass-dsl-libs-cu{build}"
+        if libs not in found:
+            raise ToolchainError(
+                f"the CuTe DSL would load its cu{build} build here, but {libs} is not installed; "
+                "reinstall the project (pip install -e .)"
+            )
+        found = {name: v for name, v in found.items() if _cuda_build_of(name) in (None, build)}
     return Toolchain(tuple(sorted(found.items())), options)
+
+
+def _cuda_build_of(distribution: str) -> int | None:
+    """The CUDA major of one of the DSL's per-CUDA libs distributions; None for any other."""
+    match = _LIBS.fullmatch(distribution)
+    return int(match[1]) if match else None
 
 
 def ptxas_release(toolchain: Toolchain) -> str:
     """The CUDA release of the ptxas the DSL of ``toolchain`` compiles with here, like
     ``release 13.4``, read without compiling: a short-lived process imports the DSL (which picks
     its CUDA flavor as a compile would) and reports ``cutlass.CUDA_VERSION``. Cached per
-    process and DSL install. Raises :class:`ToolchainError` if the DSL cannot be imported."""
+    process and DSL install. Raises :class:`ToolchainError` if the DSL cannot be imported, or
+    loads another CUDA build than ``toolchain`` names."""
     return _ptxas_release(toolchain.dsl)
 
 
 @functools.cache
 def _ptxas_release(dsl: tuple[tuple[str, str], ...]) -> str:
+    builds = [f"cu{b}" for name, _ in dsl if (b := _cuda_build_of(name)) is not None]
+    expected = builds[0] if builds else "none"
     with tempfile.TemporaryDirectory(prefix="b12x-ptxas-") as scratch:
         # The DSL makes cache directories under TMPDIR at import: keep them in the scratch.
         try:
@@ -86,11 +119,24 @@ def _ptxas_release(dsl: tuple[tuple[str, str], ...]) -> str:
                 f"cannot read the CuTe DSL's ptxas release: importing cutlass took over {_PROBE_TIMEOUT_S} s"
             ) from None
     lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines or not lines[-1].startswith("release "):
+    if (
+        proc.returncode != 0
+        or len(lines) < 2
+        or not lines[-2].startswith("build ")
+        or not lines[-1].startswith("release ")
+    ):
         detail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
         raise ToolchainError(
             f"cannot read the CuTe DSL's ptxas release: importing cutlass failed ({detail}); "
             "reinstall the project (pip install -e .)"
+        )
+    loaded = lines[-2].removeprefix("build ")
+    if loaded != expected:
+        raise ToolchainError(
+            f"the CuTe DSL loaded build {loaded}, but b12x-aot expected {expected} from the "
+            "installed builds and the driver; the DSL chooses differently from "
+            "b12x_aot.compiler._cuda_build: make that module follow the DSL's "
+            "cutlass/_mlir/_mlir_libs/__init__.py"
         )
     return lines[-1]
 
@@ -99,8 +145,8 @@ def _ptxas_release(dsl: tuple[tuple[str, str], ...]) -> str:
 class Fingerprint:
     """What every process that compiles a plan's jobs must share with the client recording them.
 
-    ``items`` are ``(what, value)`` pairs, sorted: each installed nvidia-cutlass-dsl*
-    distribution, the ptxas release, and the sha256 of every module in the source closures of
+    ``items`` are ``(what, value)`` pairs, sorted: each nvidia-cutlass-dsl* distribution of the
+    toolchain (so the DSL's CUDA build too), the ptxas release, and the sha256 of every module in the source closures of
     ``modules`` (the kernel modules of the jobs). Compile options are not in it: each job
     carries its own.
     """

@@ -55,6 +55,11 @@ def parse_where(items: Iterable[str]) -> dict[str, str]:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise ValueError(f"--where takes param=value (got {item!r})")
+        if name.strip() in out:
+            raise ValueError(
+                f"--where {name.strip()} is given twice ({out[name.strip()]} and {value.strip()}); "
+                "give one value per param (run the command once per value)"
+            )
         out[name.strip()] = value.strip()
     return out
 

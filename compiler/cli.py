@@ -9,15 +9,22 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import sys
+import threading
 from collections import defaultdict
+from collections.abc import Callable, Sequence
+from functools import wraps
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 
-from b12x_aot.registry import RegistryError, RegistryStore
+from b12x_aot.registry import RegistryError, RegistryStore, registry_url
 
 from ._arch import ARCHS
 from ._build import BuildSummary, run_build
@@ -25,10 +32,10 @@ from ._executor import EXECUTOR_FORMS, executor_from
 from ._plan import Plan, make_plan, parse_shard
 from ._progress import BuildProgress
 from ._sass import find_nvdisasm
-from ._spec import load_specs
+from ._spec import Spec, load_specs
 from ._toolchain import current_toolchain
 from ._variants import parse_where
-from .errors import CompilerError
+from .errors import CompilerError, ToolchainError
 
 __all__ = ["main"]
 
@@ -106,6 +113,74 @@ def _print_summary(console: Console, summary: BuildSummary) -> None:
         console.print("full logs: `b12x-registry failures --registry ...`; retry with --retry-failed")
 
 
+EXIT_STORE = 3  # the registry or the filesystem failed: neither the variants' fault nor bad input
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so every cleanup runs (children, scratch, build row).
+    Not an Exception: no ``except Exception`` on the way may swallow it."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
+def _on_sigterm(handler: Any) -> Any:
+    """Install ``handler`` for SIGTERM; the previous one. Only the main thread may install one."""
+    if threading.current_thread() is not threading.main_thread() or handler is None:
+        return None
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def _fail(message: str, code: int, as_json: bool) -> NoReturn:
+    """End the command: the message on stderr and, with --json, as JSON on stdout."""
+    _error(message)
+    if as_json:
+        click.echo(json.dumps({"ok": False, "error": message, "exit_code": code}, indent=1))
+    sys.exit(code)
+
+
+def _store_failure(exc: BaseException, registry: str) -> str:
+    """One line for an OSError or a SQLAlchemy error that stopped the command."""
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        reason = f"{exc.strerror or exc}{where}"
+    else:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+    return (
+        f"{type(exc).__name__} with registry {registry}: {reason}. What was recorded stays; fix the "
+        "cause (space, permissions, database connection) and rerun the same command to resume"
+    )
+
+
+def _stoppable(command: Callable[..., None]) -> Callable[..., None]:
+    """Run ``command`` with SIGTERM raising :class:`_Terminated`, so every cleanup runs (children,
+    scratch, build row), and end Ctrl-C and SIGTERM with one line and exit 130 / 143."""
+
+    @wraps(command)
+    def run(*args: Any, **options: Any) -> None:
+        as_json = bool(options.get("as_json"))
+        previous = _on_sigterm(_terminate)
+        try:
+            command(*args, **options)
+        except KeyboardInterrupt:
+            _fail(
+                "interrupted (Ctrl-C); what was recorded stays, rerun the same command to resume",
+                130,
+                as_json,
+            )
+        except _Terminated:
+            _fail(
+                "terminated (SIGTERM); what was recorded stays, rerun the same command to resume",
+                143,
+                as_json,
+            )
+        finally:
+            _on_sigterm(previous)
+
+    return run
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("specs", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--registry", "registry", required=True, help="Registry: a SQLite path or a SQLAlchemy URL.")
@@ -117,7 +192,7 @@ def _print_summary(console: Console, summary: BuildSummary) -> None:
     "where",
     multiple=True,
     metavar="PARAM=VALUE",
-    help="Only variants with this param value (repeatable).",
+    help="Only variants with this param value (repeatable, one value per param).",
 )
 @click.option(
     "--executor",
@@ -139,7 +214,7 @@ def _print_summary(console: Console, summary: BuildSummary) -> None:
     type=click.FloatRange(min=1),
     default=600.0,
     show_default=True,
-    help="Seconds per variant before it counts as failed.",
+    help="Seconds per variant; past it the variant is recorded as timeout, which the next build retries.",
 )
 @click.option(
     "--shard", default=None, metavar="I/N", help="Build only shard I of N (partitioned by variant key)."
@@ -164,6 +239,7 @@ def _print_summary(console: Console, summary: BuildSummary) -> None:
     type=click.Path(),
     help="On creation: keep blobs in this directory, not the database.",
 )
+@_stoppable
 def main(
     specs: tuple[str, ...],
     registry: str,
@@ -182,21 +258,31 @@ def main(
     """Compile every variant of SPECS (YAML files or directories) into a registry.
 
     Plans first (no DSL import), then compiles what is new or stale on a local process pool or
-    a dask cluster (--executor), committing each variant here as it finishes. Exits 1 if any
-    variant failed, 2 on bad input or a worker whose toolchain differs from this one's.
+    a dask cluster (--executor), committing each variant here as it finishes.
+
+    \b
+    Exit codes:
+      0  every planned variant is built or rejected by its spec's limits
+      1  a variant failed (see `b12x-registry failures`; retry with --retry-failed)
+      2  bad input, or a worker whose toolchain differs from this one's
+      3  the registry or the filesystem failed mid-build (disk full, permissions, a lost
+         database connection); what was recorded stays, rerun the same command to resume
+      130, 143  stopped by Ctrl-C or SIGTERM; rerun the same command to resume
     """
     console = Console(stderr=as_json)
+    store: RegistryStore | None = None
     try:
         executor = executor_from(executor_text, jobs=jobs)
         loaded = load_specs(specs)
+        _check_archs(archs, loaded)
         where_map = parse_where(where)
-        shard_t = parse_shard(shard) if shard else None
+        shard_t = parse_shard(shard) if shard is not None else None
         toolchain = current_toolchain()
-        store = (
-            RegistryStore.open(registry, create=not dry_run, blob_dir=blob_dir)
-            if not dry_run or _exists(registry)
-            else None
-        )
+        if not dry_run:
+            store = RegistryStore.open(registry, create=True, blob_dir=blob_dir)
+        elif _exists(registry):
+            # A dry run writes nothing: not even the WAL switch that a read-write open makes.
+            store = RegistryStore.open(registry, read_only=True, blob_dir=blob_dir)
         plan = make_plan(
             loaded,
             store,
@@ -207,35 +293,14 @@ def main(
             toolchain_policy=toolchain_policy,
             retry_failed=retry_failed,
         )
-    except (CompilerError, RegistryError) as exc:
-        _error(exc.format_message())
-        sys.exit(exc.exit_code)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
-
-    if dry_run:
-        if as_json:
-            click.echo(json.dumps(plan.to_json(), indent=1))
-        else:
-            console.print(_plan_table(plan))
-            if (reasons := _reasons_table(plan)) is not None:
-                console.print(reasons)
-            counts = plan.counts()
-            console.print(
-                f"{len(plan.to_compile())} to compile; " + ", ".join(f"{v} {k}" for k, v in counts.items())
-            )
-        return
-
-    assert store is not None
-    todo = len(plan.to_compile())
-    if todo and find_nvdisasm() is None:
-        _warn(
-            "nvdisasm not found (install the [sass] extra): SASS histograms and spill counts will be "
-            "recorded as unknown"
-        )
-    if jobs is not None and executor_text != "local":
-        _warn(f"-j applies to --executor local; {executor.describe()} compiles on its workers")
-    try:
+        if dry_run:
+            _print_plan(console, plan, as_json)
+            return
+        assert store is not None
+        _check_sass(plan, executor_text)
+        if jobs is not None and executor_text != "local":
+            _warn(f"-j applies to --executor local; {executor.describe()} compiles on its workers")
+        todo = len(plan.to_compile())
         with executor:
             if todo:
                 executor.check(plan)  # before the progress bar: a refusal is the only output
@@ -249,8 +314,17 @@ def main(
                     on_outcome=progress.update,
                 )
     except CompilerError as exc:
-        _error(exc.format_message())
-        sys.exit(exc.exit_code)
+        _fail(exc.format_message(), exc.exit_code, as_json)
+    except RegistryError as exc:
+        # Exit 1 means "variants failed"; a registry error without a code of its own is not that.
+        _fail(exc.format_message(), exc.exit_code if exc.exit_code != 1 else EXIT_STORE, as_json)
+    except (OSError, SQLAlchemyError) as exc:
+        _fail(_store_failure(exc, registry), EXIT_STORE, as_json)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    finally:
+        if store is not None:
+            store.close()
     if as_json:
         click.echo(json.dumps(summary.to_json(), indent=1))
     else:
@@ -258,5 +332,59 @@ def main(
     sys.exit(0 if summary.ok else 1)
 
 
+def _print_plan(console: Console, plan: Plan, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(plan.to_json(), indent=1))
+        return
+    console.print(_plan_table(plan))
+    if (reasons := _reasons_table(plan)) is not None:
+        console.print(reasons)
+    counts = plan.counts()
+    console.print(f"{len(plan.to_compile())} to compile; " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+
+
+def _check_archs(archs: tuple[str, ...], loaded: Sequence[Spec]) -> None:
+    """Refuse --arch values that select nothing: a build that compiles nothing must not pass."""
+    if not archs:
+        return
+    listed = sorted({arch for spec in loaded for arch in spec.archs})
+    unlisted = [arch for arch in archs if arch not in listed]
+    if len(unlisted) == len(archs):
+        raise ValueError(
+            f"no spec lists --arch {', '.join(unlisted)}; the specs list {', '.join(listed) or 'no arch'}"
+        )
+    if unlisted:
+        _warn(
+            f"no spec lists --arch {', '.join(unlisted)}; building {', '.join(a for a in archs if a in listed)}"
+        )
+
+
+def _check_sass(plan: Plan, executor_text: str) -> None:
+    """Refuse a local build whose limits need SASS when nvdisasm is missing; warn otherwise.
+
+    Without SASS those limits cannot be decided: such variants would end as ``transient``, be
+    compiled again by every build and never be served. A cluster's workers run their own
+    nvdisasm, so there a worker without it ends the same variants as ``transient``.
+    """
+    todo = plan.to_compile()
+    if not todo or find_nvdisasm() is not None:
+        return
+    needing = sorted({str(i.variant.spec.path) for i in todo if i.variant.spec.limits.needs_sass})
+    if needing and executor_text == "local":
+        raise ToolchainError(
+            "nvdisasm not found, and the limits (max_spill_bytes, async_wgmma) of "
+            f"{', '.join(needing)} need its SASS histogram to be decided. Install it: "
+            "pip install nvidia-cuda-nvdisasm (or the [sass] extra); nothing was compiled"
+        )
+    if not needing:
+        _warn(
+            "nvdisasm not found (install nvidia-cuda-nvdisasm, the [sass] extra): SASS histograms "
+            "and spill counts will be recorded as unknown"
+        )
+
+
 def _exists(registry: str) -> bool:
-    return "://" in registry or os.path.exists(registry)
+    """Whether ``registry`` names a database to read: a server URL, or a SQLite file that exists,
+    resolved as :meth:`RegistryStore.open` resolves it (``~``, ``sqlite:///`` URLs)."""
+    url = make_url(registry_url(registry))
+    return url.get_backend_name() != "sqlite" or os.path.exists(url.database or "")

@@ -28,7 +28,11 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Toolchain:
-    """Every installed nvidia-cutlass-dsl* distribution, sorted, and the compile options."""
+    """The nvidia-cutlass-dsl* distributions compiles use, sorted, and the compile options.
+
+    Of the DSL's per-CUDA builds (nvidia-cutlass-dsl-libs-cu12, -cu13: each its own ptxas) only
+    the one the DSL loads on the building host is listed, so the hash tells them apart.
+    """
 
     dsl: tuple[tuple[str, str], ...]  # (distribution, version)
     options: str
@@ -147,11 +151,12 @@ class VariantRecord:
 
 @dataclass(frozen=True, slots=True)
 class FailureRecord:
-    """A variant a build could not produce (failed, timeout) or that its limits rejected."""
+    """A variant a build could not produce (failed; timeout and transient, which the next build
+    retries) or that its limits rejected."""
 
     variant: VariantId
     provenance: Provenance
-    kind: str  # failed, timeout, rejected
+    kind: str  # failed, timeout, transient, rejected
     stage: str
     reason: str
     log: str = ""

@@ -185,7 +185,7 @@ class Failure(Base):
     abi: Mapped[Count]
     arch: Mapped[str] = mapped_column(String(16))
     params_json: Mapped[JsonText]
-    kind: Mapped[str] = mapped_column(String(16))  # failed, timeout, rejected
+    kind: Mapped[str] = mapped_column(String(16))  # failed, timeout, transient, rejected
     stage: Mapped[str] = mapped_column(String(32))  # compile, contract, limits
     reason: Mapped[str] = mapped_column(Text)
     log: Mapped[str] = mapped_column(Text)

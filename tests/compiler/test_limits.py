@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from b12x_aot.compiler._contract import check_limits
+from b12x_aot.compiler._contract import check_limits, undecided_limits
 from b12x_aot.compiler._spec import Limits, load_spec
 from b12x_aot.registry import KernelResources, SassHistogram
 
@@ -47,9 +47,12 @@ def test_async_wgmma_rejects_serialized_wgmmas_only() -> None:
 
 
 def test_async_wgmma_without_sass_is_not_taken_on_trust() -> None:
-    reason = check_limits(Limits(async_wgmma=True), KERNEL, None)
-    assert reason and "install the [sass] extra" in reason
+    # Neither accepted nor rejected: undecided, so the build records no verdict on it.
+    assert check_limits(Limits(async_wgmma=True), KERNEL, None) is None
+    assert undecided_limits(Limits(async_wgmma=True), KERNEL, None) == "async_wgmma"
+    assert undecided_limits(Limits(async_wgmma=True), KERNEL, ASYNC) is None
     assert check_limits(Limits(max_spill_bytes=0), KERNEL, None) is None  # a zero frame proves it
+    assert undecided_limits(Limits(max_spill_bytes=0), KERNEL, None) is None
 
 
 def test_limits_combine_their_reasons() -> None:

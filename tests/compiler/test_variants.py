@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from b12x_aot.compiler._spec import load_spec
-from b12x_aot.compiler._variants import expand
+from b12x_aot.compiler._variants import expand, parse_where
 from b12x_aot.compiler.errors import SpecError
 from b12x_aot.loader import variant_key
 
@@ -75,3 +75,11 @@ def test_a_param_named_arch_is_refused(tmp_path: Path) -> None:
     text = TOPK_SMALL.replace("cta_threads: [128, 256]", "cta_threads: [128, 256]\n  arch: [x]")
     with pytest.raises(SpecError, match="'arch' is the target arch constraints read"):
         load_spec(write_spec(tmp_path, "s.yaml", text))
+
+
+def test_where_takes_one_value_per_param() -> None:
+    assert parse_where(["topk=8", " hidden = 7168 "]) == {"topk": "8", "hidden": "7168"}
+    with pytest.raises(ValueError, match=r"--where topk is given twice \(4 and 8\)"):
+        parse_where(["topk=4", "topk=8"])
+    with pytest.raises(ValueError, match="takes param=value"):
+        parse_where(["topk"])
