@@ -310,7 +310,7 @@ class Registry:
                 blobs = self._index.read_artifacts(todo)
                 ensure_init()
                 for entry in todo:
-                    variant = f"{entry.family} {entry.arch} variant {entry.key[:16]}"
+                    variant = f"{entry.label} ({entry.key[:16]})"
                     library = check(
                         cu.cuLibraryLoadData(blobs[entry.artifact_sha256], None, None, 0, None, None, 0),
                         f"cuLibraryLoadData of {variant}",
