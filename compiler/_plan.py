@@ -5,6 +5,8 @@ the ``rebuild`` toolchain policy, the same toolchain), ``stale`` (current, but o
 changed: the reason says which), ``new`` (never built), ``failed`` (its last build with these
 same inputs failed; retried only with ``--retry-failed``) and ``rejected`` (by the planner
 checks, or by the spec's register/spill bounds on an earlier compile of these same inputs).
+Combinations the spec's constraints prune are not variants: the plan counts them per arch and
+constraint (:class:`~._variants.Pruned`).
 A ``timeout`` or ``transient`` failure is not a verdict on the inputs: the variant plans as new
 or stale again.
 """
@@ -31,7 +33,7 @@ from b12x_aot.registry import (
 from ._closure import source_closure
 from ._spec import Spec
 from ._toolchain import Fingerprint, ptxas_release
-from ._variants import Variant, expand
+from ._variants import Pruned, Variant, expand
 
 __all__ = ["STATES", "Plan", "PlanItem", "make_plan", "parse_shard"]
 
@@ -56,10 +58,15 @@ class Plan:
     toolchain: Toolchain
     provenance: Mapping[tuple[str, int], Provenance]
     shard: tuple[int, int] | None
+    pruned: tuple[Pruned, ...] = ()  # the whole matrix's, in every shard
 
     def counts(self) -> dict[str, int]:
+        """Variants per state, and the combinations pruned."""
         found = Counter(item.state for item in self.items)
-        return {state: found.get(state, 0) for state in STATES}
+        return {
+            **{state: found.get(state, 0) for state in STATES},
+            "pruned": sum(p.count for p in self.pruned),
+        }
 
     def to_compile(self) -> list[PlanItem]:
         return [item for item in self.items if item.state in ("new", "stale")]
@@ -82,6 +89,7 @@ class Plan:
             "shard": f"{self.shard[0]}/{self.shard[1]}" if self.shard else None,
             "counts": self.counts(),
             "variants": [item.to_json() for item in self.items],
+            "pruned": [p.to_json() for p in self.pruned],
         }
 
 
@@ -151,17 +159,19 @@ def make_plan(
             states = current_states(conn)
             failures = latest_failures(conn)
     items: list[PlanItem] = []
+    pruned: list[Pruned] = []
     for spec in specs:
         prov = provenance[(spec.family, spec.abi)]
-        accepted, rejected = expand(spec, archs=archs, where=where)
-        for rejection in rejected:
+        expansion = expand(spec, archs=archs, where=where)
+        pruned.extend(expansion.pruned)
+        for rejection in expansion.rejected:
             if in_shard(rejection.variant.key, shard):
                 items.append(PlanItem(rejection.variant, "rejected", rejection.reason, rejection.stage))
-        for variant in accepted:
+        for variant in expansion.accepted:
             if not in_shard(variant.key, shard):
                 continue
             items.append(_classify(variant, prov, states, failures, toolchain_policy, retry_failed))
-    return Plan(tuple(items), toolchain, provenance, shard)
+    return Plan(tuple(items), toolchain, provenance, shard, tuple(pruned))
 
 
 def _judged_without_sass(failure: FailureState) -> bool:

@@ -1,15 +1,20 @@
 """Expanding specs into variants, and the planner checks that run before any compile.
 
-Every combination of a spec's params, for every arch, is one variant. A variant is rejected
-before compiling, with its reason, when a spec constraint (over the params and ``arch``) is
-false, when its block has a thread count the arch does not allow, or when its dynamic shared
-memory exceeds the arch's opt-in limit.
+Every combination of a spec's params, for every arch, is one variant. A combination that a
+spec constraint (over the params and ``arch``) makes false is pruned: counted per arch and
+constraint, never materialized, as a matrix of millions of combinations may hold a few
+hundred variants. The constraints are tested as the params are bound, in spec order, so a
+false one drops every combination under it at once (each count names the first constraint
+found false that way). A variant is rejected before compiling, with its reason, when its
+block has a thread count the arch does not allow, or when its dynamic shared memory exceeds
+the arch's opt-in limit.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterable, Mapping, Sequence
+import math
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +24,7 @@ from ._arch import ARCHS
 from ._spec import ARCH_NAME, Spec
 from .errors import SpecError, SpecFault
 
-__all__ = ["Rejection", "Variant", "expand", "parse_where"]
+__all__ = ["Expansion", "Pruned", "Rejection", "Variant", "expand", "parse_where"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +49,35 @@ class Variant:
 @dataclass(frozen=True, slots=True)
 class Rejection:
     variant: Variant
-    stage: str  # constraint, geometry, threads, smem
+    stage: str  # geometry, threads, smem
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """The combinations of one spec and arch that one constraint (its verdict: ``reason``) pruned."""
+
+    family: str
+    abi: int
+    arch: str
+    reason: str
+    count: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "abi": self.abi,
+            "arch": self.arch,
+            "reason": self.reason,
+            "count": self.count,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Expansion:
+    accepted: list[Variant]
+    rejected: list[Rejection]
+    pruned: list[Pruned]  # most combinations first
 
 
 def parse_where(items: Iterable[str]) -> dict[str, str]:
@@ -88,18 +120,26 @@ def _filter(spec: Spec, where: Mapping[str, str]) -> list[tuple[str, tuple[Any, 
 
 
 class _Constraints:
-    """A spec's constraints over param sets. A matrix of hundreds of thousands of combinations
-    has few distinct values of the names each constraint reads, so each verdict is kept per
-    those values and every constraint is evaluated once per distinct tuple."""
+    """A spec's constraints, each tested once its names are bound. A matrix of millions of
+    combinations has few distinct values of the names each constraint reads, so each verdict
+    is kept per those values and every constraint is evaluated once per distinct tuple."""
 
     _UNBOUND = object()  # a name the params lack: the evaluation then says so
 
-    def __init__(self, spec: Spec) -> None:
-        self._items = [(c, tuple(sorted(c.names)), {}) for c in spec.constraints]
+    def __init__(self, spec: Spec, names: Sequence[str]) -> None:
+        # depth d: the constraints whose names the first d params (and arch) bind; names the
+        # matrix lacks wait for the whole combination, where the evaluation reports them.
+        position = {name: i + 1 for i, name in enumerate(names)}
+        position[ARCH_NAME] = 0
+        self.at_depth: list[list[tuple[Expr, tuple[str, ...], dict]]] = [[] for _ in range(len(names) + 1)]
+        for c in spec.constraints:
+            depth = max((position.get(n, len(names)) for n in c.names), default=0)
+            self.at_depth[depth].append((c, tuple(sorted(c.names)), {}))
 
-    def why_not(self, params: Mapping[str, Any]) -> str | None:
-        """Why the params fail the constraints (the first in spec order), or None."""
-        for constraint, names, verdicts in self._items:
+    def why_not(self, depth: int, params: Mapping[str, Any]) -> str | None:
+        """Why the params fail the constraints that depth ``depth`` binds (the first in spec
+        order), or None."""
+        for constraint, names, verdicts in self.at_depth[depth]:
             key = tuple(params.get(name, self._UNBOUND) for name in names)
             if key not in verdicts:
                 verdicts[key] = self._verdict(constraint, params)
@@ -134,10 +174,36 @@ def _check(arch: str, static: StaticGeometry) -> tuple[str, str] | None:
     return None
 
 
+def _combinations(
+    matrix: Sequence[tuple[str, tuple[Any, ...]]], constraints: _Constraints, arch: str, pruned: Counter
+) -> Iterator[dict[str, Any]]:
+    """The combinations of ``matrix`` that every constraint holds for on ``arch``, in
+    ``itertools.product`` order; each pruned subtree's size is added to ``pruned[reason]``."""
+    names = [n for n, _ in matrix]
+    below = [math.prod(len(v) for _, v in matrix[d:]) for d in range(len(matrix) + 1)]
+    params: dict[str, Any] = {ARCH_NAME: arch}
+
+    def walk(depth: int) -> Iterator[dict[str, Any]]:
+        reason = constraints.why_not(depth, params)
+        if reason is not None:
+            pruned[reason] += below[depth]
+            return
+        if depth == len(names):
+            yield {name: params[name] for name in names}
+            return
+        for value in matrix[depth][1]:
+            params[names[depth]] = value
+            yield from walk(depth + 1)
+        params.pop(names[depth], None)
+
+    yield from walk(0)
+
+
 def expand(
     spec: Spec, *, archs: Sequence[str] | None = None, where: Mapping[str, str] | None = None
-) -> tuple[list[Variant], list[Rejection]]:
-    """All variants of ``spec`` (optionally narrowed), split into accepted and rejected."""
+) -> Expansion:
+    """All variants of ``spec`` (optionally narrowed): accepted, rejected by the planner
+    checks, and the combinations its constraints pruned."""
     where = dict(where or {})
     unknown = set(where) - set(spec.param_names)
     if unknown:
@@ -153,32 +219,29 @@ def expand(
             ],
         )
     matrix = _filter(spec, where)
-    names = [n for n, _ in matrix]
-    accepted: list[Variant] = []
-    rejected: list[Rejection] = []
-    constraints = _Constraints(spec)
+    constraints = _Constraints(spec, [n for n, _ in matrix])
+    out = Expansion([], [], [])
     templated = sorted({a.template_param for a in spec.args if a.template_param is not None})
     resolved: dict[tuple[Any, ...], tuple[Arg, ...]] = {}  # args by their dtype params' values
     for arch in spec.archs if archs is None else [a for a in spec.archs if a in archs]:
-        for values in itertools.product(*(v for _, v in matrix)):
-            params = dict(zip(names, values, strict=True))
+        pruned: Counter[str] = Counter()
+        for params in _combinations(matrix, constraints, arch, pruned):
             vid = VariantId.of(family=spec.family, abi=spec.abi, arch=arch, params=params)
             dtypes = tuple(params.get(name) for name in templated)
             if dtypes not in resolved:
                 resolved[dtypes] = tuple(a.resolve(params) for a in spec.args)
-            variant = Variant(spec, vid, resolved[dtypes])
-            reason = constraints.why_not({**params, ARCH_NAME: arch})
-            if reason is not None:
-                rejected.append(Rejection(variant, "constraint", reason))
-                continue
             try:
                 static = spec.geometry.bind_static(params)
             except (ExpressionError, ZeroDivisionError) as exc:
-                rejected.append(Rejection(variant, "geometry", f"launch geometry does not evaluate: {exc}"))
+                reason = f"launch geometry does not evaluate: {exc}"
+                out.rejected.append(Rejection(Variant(spec, vid, resolved[dtypes]), "geometry", reason))
                 continue
             problem = _check(arch, static)
             if problem is not None:
-                rejected.append(Rejection(variant, *problem))
+                out.rejected.append(Rejection(Variant(spec, vid, resolved[dtypes]), *problem))
             else:
-                accepted.append(Variant(spec, vid, variant.args, static))
-    return accepted, rejected
+                out.accepted.append(Variant(spec, vid, resolved[dtypes], static))
+        out.pruned.extend(
+            Pruned(spec.family, spec.abi, arch, reason, count) for reason, count in pruned.most_common()
+        )
+    return out

@@ -54,40 +54,30 @@ _DETAIL_ROWS = 40
 
 def _plan_table(plan: Plan) -> Table:
     table = Table(title="build plan", show_lines=False)
-    for col in ("family", "abi", "arch", "present", "new", "stale", "failed", "rejected"):
+    states = ("present", "new", "stale", "failed", "rejected", "pruned")
+    for col in ("family", "abi", "arch", *states):
         table.add_column(col, justify="right" if col not in ("family", "arch") else "left")
     groups: dict[tuple[str, int, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for item in plan.items:
         v = item.variant
         groups[(v.id.family, v.id.abi, v.id.arch)][item.state] += 1
+    for p in plan.pruned:
+        groups[(p.family, p.abi, p.arch)]["pruned"] += p.count
     for (family, abi, arch), counts in sorted(groups.items()):
-        table.add_row(
-            family,
-            str(abi),
-            arch,
-            *(str(counts[s]) for s in ("present", "new", "stale", "failed", "rejected")),
-        )
+        table.add_row(family, str(abi), arch, *(str(counts[s]) for s in states))
     return table
 
 
 def _reasons_table(plan: Plan) -> Table | None:
-    """Variants that will not be served as planned, the informative ones first.
-
-    Constraint rejections are the spec pruning its own matrix: counted in the plan table, and
-    listed here only after stale, failed and limit-rejected variants.
-    """
+    """Variants that will not be served as planned: stale, failed, then rejected ones. (The
+    combinations the spec's constraints prune are counted in the plan table, by constraint in
+    ``--json``.)"""
     order = {"stale": 0, "failed": 1, "rejected": 2}
-    rows = sorted(
-        (i for i in plan.items if i.state in order),
-        key=lambda i: (order[i.state], i.stage == "constraint"),
-    )
+    rows = sorted((i for i in plan.items if i.state in order), key=lambda i: order[i.state])
     if not rows:
         return None
-    pruned = sum(1 for i in rows if i.stage == "constraint")
     shown = rows[:_DETAIL_ROWS]
-    title = (
-        f"not present: {len(rows)}, of which {pruned} pruned by spec constraints (first {len(shown)} shown)"
-    )
+    title = f"not present: {len(rows)} (first {len(shown)} shown)"
     table = Table(title=title)
     for col in ("variant", "state", "stage", "reason"):
         table.add_column(col, overflow="fold")
@@ -339,6 +329,13 @@ def _print_plan(console: Console, plan: Plan, as_json: bool) -> None:
     console.print(_plan_table(plan))
     if (reasons := _reasons_table(plan)) is not None:
         console.print(reasons)
+    if plan.pruned and not plan.items:  # nothing left to plan: say which constraints took it all
+        pruned = Table(title="every combination was pruned by a spec constraint")
+        for col in ("family", "arch", "combinations", "constraint"):
+            pruned.add_column(col, overflow="fold")
+        for p in plan.pruned[:_DETAIL_ROWS]:
+            pruned.add_row(p.family, p.arch, str(p.count), Text(p.reason))
+        console.print(pruned)
     counts = plan.counts()
     console.print(f"{len(plan.to_compile())} to compile; " + ", ".join(f"{v} {k}" for k, v in counts.items()))
 

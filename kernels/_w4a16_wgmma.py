@@ -4,7 +4,8 @@ The roles swap: dequantized weights are the register A operand (64 rows per warp
 chunk), the block's gathered activation rows the shared-memory B operand, which the copies
 already store K-major with the 128-byte swizzle ``wgmma`` reads. A warpgroup of several m64
 chunks dequantizes one chunk while the tensor cores run the one before, and with a ring of 4
-or more stages across k-tiles too (see :meth:`WgmmaMainloop.kloop_wgmma`). Blocks of more than
+or more stages across k-tiles too (see :meth:`WgmmaMainloop.kloop_wgmma`). Warpgroups of one
+CTA share each activation tile (a 256-wide tile: two of two chunks). Blocks of more than
 64 rows amortize each dequantized weight over more tokens. An expert's last block is often
 mostly padding: its k-loop issues wgmmas only as wide as its real rows need (the narrowest of
 ``block_m`` and :data:`FITTING_WIDTHS`); with ``tail_rows``, a block that takes the next

@@ -260,9 +260,12 @@ class MoeW4A16Op(_RegistryOp):
     # nothing (an H200, against the cp.async twin: decode 1.19x on FC2 at 16 tokens, and the
     # 128-wide bulk tile beats FC1's two-part split-k tile 1.13x at 4 tokens, 1.14x at 16; tiny
     # 1.10x on FC1 at 1 token, 1.15x on N 384 at 16; cluster4 1.02-1.04x; cluster2 0.99-1.00x).
-    # prefill_tail leads with the tile whose CTAs take an expert's short last block along
+    # prefill_tail leads with tiles whose CTAs take an expert's short last block along
     # (tail_rows 16): 1.10-1.15x on FC1 / FC2 when experts average 128 routes, but 0.94-0.96x
-    # where no last block is that short (an H200, 4,096 / 1,024 and 2,048 tokens, topk 8).
+    # where no last block is that short (an H200, 4,096 / 1,024 and 2,048 tokens, topk 8). The
+    # 256-wide one (built where n allows it) beats the 128-wide one at 4,096 tokens over 256
+    # experts: FC1 1.06-1.07x, FC2 1.02-1.08x, N 256 1.03-1.06x (two runs). Every riding tile
+    # rides as _RIDER says.
     _DECODE = tuple((16, 128, 128, 3, threads, 1, 1, "cp_async", 0) for threads in (128, 256, 512))
     _TINY = ((16, 64, 128, 3, 256, 4, 1, "bulk", 0), (16, 64, 128, 3, 256, 4, 1, "cp_async", 0), *_DECODE)
     _PREFILL = (
@@ -291,7 +294,11 @@ class MoeW4A16Op(_RegistryOp):
             (64, 128, 128, 3, 128, 1, 1, "cp_async", 0),
         ),
         "prefill": _PREFILL,
-        "prefill_tail": ((128, 128, 64, 4, 128, 1, 1, "cp_async", 16), *_PREFILL),
+        "prefill_tail": (
+            (128, 256, 64, 7, 256, 1, 1, "cp_async", 16),
+            (128, 128, 64, 4, 128, 1, 1, "cp_async", 16),
+            *_PREFILL,
+        ),
     }
     TILE_PARAMS = (
         "block_m",

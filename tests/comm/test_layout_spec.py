@@ -23,6 +23,6 @@ def test_ctrl_shape_is_the_window_the_runtime_allocates() -> None:
 
 def test_params_fit_the_layout() -> None:
     spec = load_spec(SPECS / "comm_allreduce.yaml")
-    accepted, _ = expand(spec)
+    accepted = expand(spec).accepted
     assert accepted
     assert all(v.id.params["blocks"] <= MAX_BLOCKS and v.id.params["world"] <= MAX_WORLD for v in accepted)

@@ -55,19 +55,27 @@ def test_dry_run_plan_matches_the_build(tmp_path: Path) -> None:
     before = plan(spec, db)
     assert not db.exists()  # a dry run creates nothing
     new = {v["key"] for v in before["variants"] if v["state"] == "new"}
-    rejected = {v["key"]: v["reason"] for v in before["variants"] if v["state"] == "rejected"}
-    assert new and rejected and before["counts"]["new"] == len(new)
+    pruned = sum(p["count"] for p in before["pruned"])  # 1024 and 3072 wide at 256 threads
+    assert all("hidden % (cta_threads * 8)" in p["reason"] for p in before["pruned"])
+    assert (
+        new
+        and pruned == 2 * 2 * 2  # x output x topk
+        and before["counts"]["new"] == len(new)
+        and before["counts"]["pruned"] == pruned
+    )
+    assert not any(v["state"] == "rejected" for v in before["variants"])
     summary = json.loads(run_compile(str(spec), "--registry", str(db), "-j", "2", "--json").stdout)
     assert summary["built"] == len(new) and not summary["failed"]
     assert set(current(db)) == new
-    assert {r["key"]: r["reason"] for r in summary["rejected"]} == rejected
+    assert not summary["rejected"] and summary["planned"]["pruned"] == pruned
     after = plan(spec, db)
     assert after["counts"] == {
         "present": len(new),
         "new": 0,
         "stale": 0,
         "failed": 0,
-        "rejected": len(rejected),
+        "rejected": 0,
+        "pruned": pruned,
     }
 
 

@@ -227,6 +227,22 @@ def test_dry_run_leaves_the_registry_untouched_and_expands_home(
     assert result.exit_code == 0 and not (tmp_path / "none.db").exists()
 
 
+def test_a_dry_run_that_constraints_empty_names_the_constraints(tmp_path: Path) -> None:
+    # --where picks combinations a constraint prunes: no variant is left, and the plan says
+    # which constraint took how many, instead of an empty table.
+    spec = write_spec(
+        tmp_path, "s.yaml", ONE_ARCH.replace("cta_threads: [128, 256]", "cta_threads: [128, 256, 512]")
+    )
+    args = (str(spec), "--registry", str(tmp_path / "r.db"), "--dry-run", "--where", "cta_threads=512")
+    result = compile_cli(*args)
+    assert result.exit_code == 0, result.output
+    assert "every combination was pruned by a spec constraint" in result.stdout
+    assert "hidden %" in result.stdout  # the constraint (folded to the terminal width)
+    plan = json.loads(compile_cli(*args, "--json").stdout)
+    assert plan["variants"] == [] and plan["counts"]["pruned"] == 2  # fp32 and bf16 output
+    assert [(p["arch"], p["count"]) for p in plan["pruned"]] == [("sm_90a", 2)]
+
+
 # --- 4. the registry failing mid-build -------------------------------------------------------
 
 

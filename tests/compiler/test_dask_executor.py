@@ -163,6 +163,7 @@ def test_hangs_and_crashes_end_as_rows_while_the_rest_land(tmp_path: Path, clust
         "stale": 0,
         "failed": 2,
         "rejected": 0,
+        "pruned": 0,
     }
 
 

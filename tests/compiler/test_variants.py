@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+import math
 from pathlib import Path
 
 import pytest
@@ -14,12 +16,18 @@ from ..conftest import SPECS, TOPK_SMALL, write_spec
 
 def test_bundled_topk_spec_expands_with_constraints() -> None:
     spec = load_spec(SPECS / "moe_topk_sum.yaml")
-    accepted, rejected = expand(spec)
+    expansion = expand(spec)
+    accepted = expansion.accepted
     total = 2 * 3 * 4 * 4 * 2 * 2 * 3
-    assert len(accepted) + len(rejected) == total
-    assert rejected and all(r.stage == "constraint" for r in rejected)
-    one_token = [r.variant.id.params for r in rejected if r.variant.id.params["tokens_per_cta"] == 1]
-    assert {(p["hidden"], p["cta_threads"]) for p in one_token} == {(3584, 128), (7168, 256)}
+    pruned = sum(p.count for p in expansion.pruned)
+    assert not expansion.rejected and pruned and len(accepted) + pruned == total
+    assert all(p.family == spec.family and "constraint" in p.reason for p in expansion.pruned)
+    # every (hidden, cta_threads) pair but the two whose last CTA would be under half busy
+    pairs = {(v.id.params["hidden"], v.id.params["cta_threads"]) for v in accepted}
+    assert {(h, t) for h in (2048, 3584, 4096, 7168) for t in (128, 256)} - pairs == {
+        (3584, 128),
+        (7168, 256),
+    }
     assert {v.id.params["topk"] for v in accepted if v.id.params["tokens_per_cta"] > 1} == {1}
     keys = [v.key for v in accepted]
     assert len(set(keys)) == len(keys)
@@ -30,7 +38,7 @@ def test_bundled_topk_spec_expands_with_constraints() -> None:
 
 def test_where_and_arch_narrow(tmp_path: Path) -> None:
     spec = load_spec(write_spec(tmp_path, "s.yaml", TOPK_SMALL))
-    accepted, _ = expand(spec, archs=["sm_120a"], where={"output": "bf16"})
+    accepted = expand(spec, archs=["sm_120a"], where={"output": "bf16"}).accepted
     assert {v.id.arch for v in accepted} == {"sm_120a"}
     assert {v.id.params["output"] for v in accepted} == {"bf16"}
     with pytest.raises(SpecError, match="is not in this spec's matrix"):
@@ -46,7 +54,8 @@ def test_planner_rejects_threads_and_smem(tmp_path: Path) -> None:
         .replace('constraints: ["hidden % (cta_threads * 8) == 0"]', "constraints: []")
     )
     spec = load_spec(write_spec(tmp_path, "s.yaml", text))
-    accepted, rejected = expand(spec, where={"output": "fp32"})
+    expansion = expand(spec, where={"output": "fp32"})
+    accepted, rejected = expansion.accepted, expansion.rejected
     reasons = {(r.variant.id.arch, r.variant.id.params["cta_threads"]): r for r in rejected}
     assert reasons[("sm_90a", 2048)].stage == "threads"
     assert "allows a multiple of 32 from 32 to 1024" in reasons[("sm_90a", 2048)].reason
@@ -62,13 +71,13 @@ def test_constraints_read_the_target_arch(tmp_path: Path) -> None:
         'constraints: ["hidden % (cta_threads * 8) == 0"]',
         "constraints: [\"cta_threads == 128 or arch == 'sm_90a'\"]",
     )
-    accepted, rejected = expand(load_spec(write_spec(tmp_path, "s.yaml", text)))
-    built = {(v.id.arch, v.id.params["cta_threads"]) for v in accepted}
+    expansion = expand(load_spec(write_spec(tmp_path, "s.yaml", text)))
+    built = {(v.id.arch, v.id.params["cta_threads"]) for v in expansion.accepted}
     assert ("sm_90a", 256) in built and ("sm_90a", 128) in built and ("sm_120a", 128) in built
     assert not any(t == 256 for arch, t in built if arch != "sm_90a")
-    gone = {(r.variant.id.arch, r.variant.id.params["cta_threads"]) for r in rejected}
-    assert gone and all(arch != "sm_90a" and t == 256 for arch, t in gone)
-    assert all("arch == 'sm_90a'" in r.reason for r in rejected)
+    # the other archs' 256-thread combinations (one per output dtype), and nothing of sm_90a's
+    assert {p.arch for p in expansion.pruned} == {"sm_100a", "sm_120a"}
+    assert all("arch == 'sm_90a'" in p.reason and p.count == 2 for p in expansion.pruned)
 
 
 def test_a_param_named_arch_is_refused(tmp_path: Path) -> None:
@@ -83,3 +92,31 @@ def test_where_takes_one_value_per_param() -> None:
         parse_where(["topk=4", "topk=8"])
     with pytest.raises(ValueError, match="takes param=value"):
         parse_where(["topk"])
+
+
+@pytest.mark.parametrize("name", ["moe_topk_sum.yaml", "comm_allreduce.yaml", "quant_mxfp8.yaml"])
+def test_pruning_as_params_bind_keeps_what_every_constraint_holds_for(name: str) -> None:
+    # Against the plain definition: each combination, every constraint evaluated on it whole.
+    spec = load_spec(SPECS / name)
+    expansion = expand(spec)
+    want = set()
+    for arch in spec.archs:
+        for values in itertools.product(*(v for _, v in spec.params)):
+            params = dict(zip(spec.param_names, values, strict=True))
+            if all(c.evaluate({**params, "arch": arch}) for c in spec.constraints):
+                want.add((arch, tuple(sorted(params.items()))))
+    got = {(v.id.arch, tuple(sorted(v.id.params.items()))) for v in expansion.accepted}
+    got |= {(r.variant.id.arch, tuple(sorted(r.variant.id.params.items()))) for r in expansion.rejected}
+    assert got == want
+    total = math.prod(len(v) for _, v in spec.params) * len(spec.archs)
+    assert len(expansion.accepted) + len(expansion.rejected) + sum(p.count for p in expansion.pruned) == total
+
+
+def test_the_w4a16_matrix_is_counted_whole() -> None:
+    # Millions of combinations, a few hundred variants per arch: every combination is counted once.
+    spec = load_spec(SPECS / "moe_w4a16.yaml")
+    expansion = expand(spec)
+    total = math.prod(len(v) for _, v in spec.params) * len(spec.archs)
+    assert total > 4_000_000
+    assert len(expansion.accepted) + len(expansion.rejected) + sum(p.count for p in expansion.pruned) == total
+    assert {v.id.arch for v in expansion.accepted} == set(spec.archs)

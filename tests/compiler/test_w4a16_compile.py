@@ -148,7 +148,7 @@ def test_spec_smem_grid_and_scratch_agree() -> None:
         other = load_spec(path)
         # The scale-test and benchmark specs copy the bundled contract; it must not drift.
         assert contract(other) == contract(spec), path
-        accepted, _ = expand(other, archs=["sm_90a"])
+        accepted = expand(other, archs=["sm_90a"]).accepted
         for v in accepted:
             assert v.static.smem == smem_bytes(v.id.params), v.label
     assert contract(load_spec(PACK_TILES)) == contract(load_spec(ROUTE_PACK))
@@ -176,17 +176,26 @@ def test_the_torch_ops_tiles_are_ones_the_spec_builds() -> None:
     from b12x_aot.loader.torch_ops import MoeW4A16Op
 
     keys = MoeW4A16Op.TILE_PARAMS
-    accepted, _ = expand(load_spec(W4A16), archs=["sm_90a"])
+    accepted = expand(load_spec(W4A16), archs=["sm_90a"]).accepted
     built: dict[tuple, set[tuple]] = {}
     for v in accepted:
         p = v.id.params
         problem = (p["element"], p["output"], p["n"], p["k"], p["group"], p["w_layout"])
         built.setdefault(problem, set()).add(tuple(p[k] for k in keys))
     every = set().union(*built.values())
-    # prefill_tail's lead tile (tail_rows 16, built for sm_90a only) exists for every problem
-    # there, so on an H200 the op's prefill_tail regime always takes it
-    lead = MoeW4A16Op.TILES["prefill_tail"][0]
-    assert all(lead in have for have in built.values()), [p for p, have in built.items() if lead not in have]
+    # prefill_tail's riding tiles (built for sm_90a only) lead it, ride as the op's policy
+    # assumes (MoeW4A16Op.riding), and one exists for every problem there, so on an H200 the
+    # op's prefill_tail regime always takes one
+    tail, block = keys.index("tail_rows"), keys.index("block_m")
+    tiles = MoeW4A16Op.TILES["prefill_tail"]
+    riders = [tile for tile in tiles if tile[tail]]
+    assert list(tiles[: len(riders)]) == riders and len(riders) >= 2
+    rider = MoeW4A16Op._RIDER
+    assert all((tile[block], tile[tail]) == (rider["block_m"], rider["tail_rows"]) for tile in riders)
+    lacking = [p for p, have in built.items() if not have.intersection(riders)]
+    assert not lacking, lacking
+    # the 256-wide rider fits every shape whose n it divides
+    assert {p[2] for p, have in built.items() if riders[0] in have} == {256, 2048, 7168}
     group128 = {problem: have for problem, have in built.items() if problem[4] == 128}
     assert len(group128) == 3 * 4 * 2  # dtype pairs x shapes x layouts
     for regime, tiles in MoeW4A16Op.TILES.items():
@@ -204,7 +213,7 @@ def test_the_torch_ops_tiles_are_ones_the_spec_builds() -> None:
     # Group 32 (long-k shapes) has mid and prefill tiles on every arch, sm_120a's 101,376 B of
     # shared memory included (prefill_tail falls back to a prefill tile off sm_90a).
     for arch in ARCHS:
-        accepted, _ = expand(load_spec(W4A16), archs=[arch])
+        accepted = expand(load_spec(W4A16), archs=[arch]).accepted
         group32: dict[tuple, set[tuple]] = {}
         for v in accepted:
             p = v.id.params

@@ -283,7 +283,6 @@ def test_tail_rows_give_the_bits_of_their_own_blocks(gpu_registry, device_arch: 
     # expert's, rides along into the last block in use when no invalid route follows it (1,256
     # routes: 157 tokens of 8) and before the invalid routes' block when 3 padding tokens do.
     # A graph replays the riding blocks too.
-    gen = torch.Generator(device="cuda").manual_seed(31)
     pairs = _registry_twins(
         gpu_registry,
         device_arch,
@@ -291,6 +290,27 @@ def test_tail_rows_give_the_bits_of_their_own_blocks(gpu_registry, device_arch: 
         "tail_rows variant with a tail_rows 0 twin",
         tail_rows=0,
     )
+    _riding_twins_agree(gpu_registry, device_arch, pairs, "tail_rows vs 0")
+
+
+def test_the_256_wide_tile_gives_the_bits_of_the_128_wide_one(gpu_registry, device_arch: str) -> None:
+    # Two warpgroups of two m64 chunks share one activation tile where the 128-wide tile has one
+    # warpgroup of two: each chunk's wgmmas, their order and the riding blocks are the same.
+    pairs = _registry_twins(
+        gpu_registry,
+        device_arch,
+        lambda p: p["tile_n"] == 256,
+        "256-wide variant with a 128-wide twin",
+        tile_n=128,
+        cta_threads=128,
+        stages=4,
+    )
+    _riding_twins_agree(gpu_registry, device_arch, pairs, "tile_n 256 vs 128")
+
+
+def _riding_twins_agree(gpu_registry, device_arch: str, pairs, what: str) -> None:
+    """Each pair's outputs are the same bits on routes crafted around 128-row blocks."""
+    gen = torch.Generator(device="cuda").manual_seed(31)
     counts = {0: 129, 1: 144, 2: 145, 3: 128, 4: 257, 5: 16, 7: 300, 9: 1, 11: 136}
     routes = torch.cat([torch.full((c,), e, dtype=torch.int32) for e, c in counts.items()])
     orders = torch.Generator().manual_seed(3)
@@ -303,6 +323,6 @@ def test_tail_rows_give_the_bits_of_their_own_blocks(gpu_registry, device_arch: 
     whole = -(-routes.numel() // pairs[0][0].params["topk"])
     tokens = (whole, whole + 3)
     for p, m, own, riding in _twin_outputs(gpu_registry, device_arch, pairs, tokens, gen, setup=crafted):
-        assert same_bits(own, riding), f"tail_rows vs 0: {p} m={m}"
+        assert same_bits(own, riding), f"{what}: {p} m={m}"
         assert not torch.isnan(riding).any(), f"unwritten rows: {p} m={m}"
     replay_equals_eager(gpu_registry, device_arch, pairs[0][0], gen, m=whole, setup=crafted)

@@ -85,7 +85,7 @@ class FakeTensor:
 def entry_for(spec_file: str, pick: dict[str, Any], arch: str = "sm_90a") -> IndexEntry:
     """The index entry a registry would hold for this variant, straight from its spec."""
     spec = load_spec(SPECS / spec_file)
-    accepted, _ = expand(spec, archs=[arch])
+    accepted = expand(spec, archs=[arch]).accepted
     v = next(v for v in accepted if all(v.id.params[k] == val for k, val in pick.items()))
     row = (
         v.key,
