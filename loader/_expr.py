@@ -38,14 +38,28 @@ def _sizeof(name: Any) -> int:
     return DTYPES[name].itemsize
 
 
+# Shift counts past any launch value: a larger one would only build a huge integer (or, negative,
+# raise a ValueError that names no expression).
+MAX_SHIFT = 256
+
+
+def _checked_shift(shift: Callable[[Any, Any], Any], symbol: str) -> Callable[[Any, Any], Any]:
+    def checked(a: Any, b: Any) -> Any:
+        if isinstance(b, int) and not 0 <= b <= MAX_SHIFT:
+            raise ExpressionError(f"{symbol} {b}", f"a shift count must be 0..{MAX_SHIFT} (got {b})")
+        return shift(a, b)
+
+    return checked
+
+
 _BINOPS: Mapping[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,
     ast.FloorDiv: operator.floordiv,
     ast.Mod: operator.mod,
-    ast.LShift: operator.lshift,
-    ast.RShift: operator.rshift,
+    ast.LShift: _checked_shift(operator.lshift, "<<"),
+    ast.RShift: _checked_shift(operator.rshift, ">>"),
 }
 _UNARY: Mapping[type, Callable[[Any], Any]] = {
     ast.USub: operator.neg,
@@ -304,7 +318,7 @@ class Expr:
         except ExpressionError as exc:
             if exc.source in self.names:
                 raise ExpressionError(self.source, f"unbound name(s): {exc.source}") from None
-            raise
+            raise ExpressionError(self.source, exc.reason) from None  # name the whole expression
 
     def compile(
         self, constants: Mapping[str, Any], positions: Mapping[str, int]

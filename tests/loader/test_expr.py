@@ -49,6 +49,15 @@ def test_rejects(source: str, fragment: str) -> None:
     assert fragment in str(err.value)
 
 
+@pytest.mark.parametrize(("source", "count"), [("1 << k", -1), ("2 << k", 100_000_000), ("x >> k", 257)])
+def test_shift_counts_outside_0_to_256_are_refused_naming_the_expression(source: str, count: int) -> None:
+    # A negative count raised a ValueError that named nothing; a huge one built a huge integer.
+    with pytest.raises(ExpressionError) as err:
+        Expr.parse(source).evaluate({"k": count, "x": 5})
+    assert err.value.source == source and f"a shift count must be 0..256 (got {count})" in str(err.value)
+    assert Expr.parse(source).evaluate({"k": 256, "x": 5}) >= 0  # the bound itself is allowed
+
+
 def test_names_and_unbound() -> None:
     expr = Expr.parse("cdiv(num_tokens * topk, block_m) + sizeof(element)")
     assert expr.names == {"num_tokens", "topk", "block_m", "element"}
