@@ -196,7 +196,7 @@ def gc(
     """
     require_satisfied(keep, rows, outcome="nothing was deleted")
     report = GcReport()
-    with store.write() as conn:
+    with store.read() if dry_run else store.write() as conn:
         if keep:
             kept = {r.key for r in _selected(keep, rows)}
             report.uncurrent = sorted(r.key for r in rows if r.key not in kept)
@@ -220,7 +220,7 @@ def gc(
         if not dry_run and dead:
             conn.execute(delete(Artifact).where(Artifact.sha256.in_([sha for sha, _ in dead])))
         report.provenance = _prune_provenance(conn, doomed, dry_run)
-        known = set(conn.execute(select(Artifact.sha256)).scalars())
+        known = set(conn.execute(select(Artifact.sha256)).scalars()) - {sha for sha, _ in dead}
     report.blob_files, report.blob_files_kept = _prune_blob_files(store, known, dry_run)
     return report
 

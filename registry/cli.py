@@ -341,7 +341,7 @@ def gc_(registry: str, keep: Sequence[str], prune_history: bool, dry_run: bool, 
     --blob-dir.
     """
     manifests = [_manifest(p) for p in keep]
-    store = RegistryStore.open(registry)  # gc writes
+    store = RegistryStore.open(registry, read_only=dry_run)  # gc writes, unless it only reports
     with store.read() as conn:
         rows = variant_rows(conn)
     report = gc(store, rows, keep=manifests, prune_history=prune_history, dry_run=dry_run)

@@ -183,3 +183,39 @@ def test_migrate_speaks_json(fake_registry: FakeRegistry, run_cli) -> None:
         "to": 1,
         "migrated": False,
     }
+
+
+def test_gc_dry_run_opens_the_registry_read_only(three_variants: FakeRegistry, run_cli) -> None:
+    # A report writes nothing: the file keeps its bytes and its rollback journal (a writing open
+    # would switch it to WAL), so a dry run works on read-only files and mounts too.
+    three_variants.store.close()
+    path = three_variants.path
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA journal_mode = DELETE")
+    before = path.read_bytes()
+    result = run_cli("gc", "-r", path, "--dry-run", "--prune-history", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["dry_run"] is True
+    assert path.read_bytes() == before and not Path(f"{path}-wal").exists()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+
+
+def test_gc_dry_run_counts_the_blob_files_of_the_artifacts_it_would_delete(tmp_path: Path, run_cli) -> None:
+    # History's artifact goes with --prune-history, and its blob file with it: the dry run
+    # counts that file as the real run then deletes it (it counted it as kept).
+    blobs = tmp_path / "blobs"
+    reg = blob_registry(tmp_path, "r.db", blobs, (2048,))
+    reg.build([record(variant(2048), artifact=b"rebuilt")])
+    for path in blobs.glob("??/*"):
+        age(path)
+
+    def gc(*extra: str) -> dict:
+        return json.loads(run_cli("gc", "-r", reg.path, "--prune-history", "--json", *extra).stdout)
+
+    dry = gc("--dry-run")
+    assert (dry["variants"], dry["artifacts"], dry["blob_files"]) == (1, 1, 1)
+    assert len(list(blobs.glob("??/*"))) == 2
+    done = gc()
+    assert (done["variants"], done["artifacts"], done["blob_files"]) == (1, 1, 1)
+    assert len(list(blobs.glob("??/*"))) == 1
