@@ -23,7 +23,7 @@ from ._toolchain import (
     environment_fingerprint,
     ptxas_release,
 )
-from ._variants import Rejection, Variant, expand, parse_where
+from ._variants import Expansion, Pruned, Rejection, Variant, expand, parse_where
 from .errors import (
     ClosureError,
     CompilerError,
@@ -50,11 +50,13 @@ __all__ = [
     "DaskExecutor",
     "Executor",
     "ExecutorError",
+    "Expansion",
     "Fingerprint",
     "Limits",
     "LocalExecutor",
     "Plan",
     "PlanItem",
+    "Pruned",
     "Rejection",
     "Spec",
     "SpecError",

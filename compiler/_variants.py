@@ -77,7 +77,7 @@ class Pruned:
 class Expansion:
     accepted: list[Variant]
     rejected: list[Rejection]
-    pruned: list[Pruned]  # most combinations first
+    pruned: list[Pruned]  # per arch, most combinations first
 
 
 def parse_where(items: Iterable[str]) -> dict[str, str]:
@@ -153,7 +153,8 @@ class _Constraints:
             if not constraint.evaluate(params):
                 return f"constraint {constraint.source!r} is false"
         except (ExpressionError, ArithmeticError, TypeError) as exc:
-            return f"constraint {constraint.source!r} does not evaluate: {exc}"
+            why = exc.reason if isinstance(exc, ExpressionError) else exc  # it names the expression
+            return f"constraint {constraint.source!r} does not evaluate: {why}"
         return None
 
 

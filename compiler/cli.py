@@ -210,7 +210,9 @@ def _stoppable(command: Callable[..., None]) -> Callable[..., None]:
     "--shard", default=None, metavar="I/N", help="Build only shard I of N (partitioned by variant key)."
 )
 @click.option(
-    "--dry-run", is_flag=True, help="Print the plan (present/new/stale/failed/rejected) and compile nothing."
+    "--dry-run",
+    is_flag=True,
+    help="Print the plan (present/new/stale/failed/rejected, and the combinations spec constraints pruned) and compile nothing.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
@@ -329,7 +331,7 @@ def _print_plan(console: Console, plan: Plan, as_json: bool) -> None:
     console.print(_plan_table(plan))
     if (reasons := _reasons_table(plan)) is not None:
         console.print(reasons)
-    if plan.pruned and not plan.items:  # nothing left to plan: say which constraints took it all
+    if plan.pruned and not plan.items and plan.shard is None:  # say which constraints took it all
         pruned = Table(title="every combination was pruned by a spec constraint")
         for col in ("family", "arch", "combinations", "constraint"):
             pruned.add_column(col, overflow="fold")

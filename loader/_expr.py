@@ -243,6 +243,11 @@ def _python(node: ast.AST, constants: Mapping[str, Any], positions: Mapping[str,
         return f"a{positions[node.id]}"
     parts: list[str | None]
     if isinstance(node, ast.BinOp):
+        if isinstance(node.op, ast.LShift | ast.RShift):
+            # a shift count is checked (MAX_SHIFT): inline only a constant one that passes
+            runtime = any(isinstance(n, ast.Name) and n.id in positions for n in ast.walk(node.right))
+            if runtime or not 0 <= _walk(node.right, constants) <= MAX_SHIFT:
+                return None
         parts = [_python(node.left, constants, positions), _python(node.right, constants, positions)]
         return None if None in parts else f"({parts[0]} {_SYMBOLS[type(node.op)]} {parts[1]})"
     if isinstance(node, ast.UnaryOp):

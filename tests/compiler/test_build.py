@@ -17,7 +17,7 @@ from ..conftest import ROOT, TOPK_SMALL, run_compile, write_spec
 
 pytestmark = pytest.mark.dsl
 
-# 2 outputs x 2 topk x 3 hiddens x 2 CTA sizes, one arch: 24 variants, a few rejected.
+# 2 outputs x 2 topk x 3 hiddens x 2 CTA sizes, one arch: 24 combinations, 8 of them pruned.
 MEDIUM = (
     TOPK_SMALL.replace("topk: [2]", "topk: [1, 2]")
     .replace("hidden: [2048]", "hidden: [1024, 2048, 3072]")

@@ -9,7 +9,7 @@ import pytest
 from b12x_aot.compiler._spec import load_spec
 from b12x_aot.compiler._variants import expand, parse_where
 from b12x_aot.compiler.errors import SpecError
-from b12x_aot.loader import variant_key
+from b12x_aot.loader import ExpressionError, variant_key
 
 from ..conftest import SPECS, TOPK_SMALL, write_spec
 
@@ -94,22 +94,48 @@ def test_where_takes_one_value_per_param() -> None:
         parse_where(["topk"])
 
 
-@pytest.mark.parametrize("name", ["moe_topk_sum.yaml", "comm_allreduce.yaml", "quant_mxfp8.yaml"])
-def test_pruning_as_params_bind_keeps_what_every_constraint_holds_for(name: str) -> None:
-    # Against the plain definition: each combination, every constraint evaluated on it whole.
-    spec = load_spec(SPECS / name)
-    expansion = expand(spec)
-    want = set()
+W4A16_SLICE = {"n": "7168", "k": "2048", "element": "bf16", "output": "bf16", "group": "128"}
+W4A16_SLICE |= {"w_layout": "n64k128", "w_copy": "cp_async"}
+
+
+@pytest.mark.parametrize(
+    ("name", "where"),
+    [("moe_topk_sum.yaml", {}), ("moe_w4a16.yaml", W4A16_SLICE), ("arch_and_constant", {})],
+)
+def test_pruning_as_params_bind_keeps_what_every_constraint_holds_for(
+    tmp_path: Path, name: str, where: dict
+) -> None:
+    # Against the plain definition, in order: each combination (itertools.product order, per
+    # arch), every constraint evaluated on it whole; one that cannot evaluate is false.
+    if name == "arch_and_constant":  # constraints of no param: arch alone, none at all
+        text = TOPK_SMALL.replace(
+            'constraints: ["hidden % (cta_threads * 8) == 0"]',
+            'constraints: ["arch != \'sm_100a\'", "1 == 1", "cta_threads == 128 or arch == \'sm_90a\'"]',
+        )
+        spec = load_spec(write_spec(tmp_path, "s.yaml", text))
+    else:
+        spec = load_spec(SPECS / name)
+    expansion = expand(spec, where=where)
+
+    def holds(c, env: dict) -> bool:
+        try:
+            return bool(c.evaluate(env))
+        except (ExpressionError, ArithmeticError, TypeError):
+            return False
+
+    matrix = [(n, [v for v in values if n not in where or str(v) == where[n]]) for n, values in spec.params]
+    want = []
     for arch in spec.archs:
-        for values in itertools.product(*(v for _, v in spec.params)):
+        for values in itertools.product(*(v for _, v in matrix)):
             params = dict(zip(spec.param_names, values, strict=True))
-            if all(c.evaluate({**params, "arch": arch}) for c in spec.constraints):
-                want.add((arch, tuple(sorted(params.items()))))
-    got = {(v.id.arch, tuple(sorted(v.id.params.items()))) for v in expansion.accepted}
-    got |= {(r.variant.id.arch, tuple(sorted(r.variant.id.params.items()))) for r in expansion.rejected}
-    assert got == want
-    total = math.prod(len(v) for _, v in spec.params) * len(spec.archs)
-    assert len(expansion.accepted) + len(expansion.rejected) + sum(p.count for p in expansion.pruned) == total
+            if all(holds(c, {**params, "arch": arch}) for c in spec.constraints):
+                want.append((arch, tuple(sorted(params.items()))))
+    rejected = {(r.variant.id.arch, tuple(sorted(r.variant.id.params.items()))) for r in expansion.rejected}
+    got = [(v.id.arch, tuple(sorted(v.id.params.items()))) for v in expansion.accepted]
+    assert got == [w for w in want if w not in rejected] and rejected <= set(want)
+    total = math.prod(len(v) for _, v in matrix) * len(spec.archs)
+    pruned = sum(p.count for p in expansion.pruned)
+    assert pruned and len(expansion.accepted) + len(expansion.rejected) + pruned == total
 
 
 def test_the_w4a16_matrix_is_counted_whole() -> None:

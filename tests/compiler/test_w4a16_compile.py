@@ -244,8 +244,8 @@ def test_dry_run_plan_rejects_big_tiles_on_sm120a_only(tmp_path: Path) -> None:
 
 
 def test_full_matrix_plans_with_reasons_and_shards_split_it(tmp_path: Path) -> None:
-    # The whole variant space, planned only (no compile): every combination is new or rejected
-    # with a reason, and the shards of a sharded build split the new ones exactly.
+    # The whole variant space, planned only (no compile): every variant is new or rejected with
+    # a reason, and the shards of a sharded build split the new ones exactly.
     db = str(tmp_path / "plan.db")
 
     def new_keys(*extra: str) -> set[str]:

@@ -136,6 +136,11 @@ def test_inline_python_evaluates_like_the_evaluator() -> None:
 
 
 def test_inline_python_leaves_out_what_it_cannot_write() -> None:
+    # a runtime or out-of-range shift count: the closure checks it, as the evaluator does
+    assert Expr.parse("a << b").python({}, {"a": 0, "b": 1}) is None
+    assert Expr.parse("a << 300").python({}, {"a": 0}) is None
+    with pytest.raises(ExpressionError, match="a shift count must be"):
+        Expr.parse("a << b").compile({}, {"a": 0, "b": 1})((1, -1))  # type: ignore[operator]
     assert Expr.parse("a in (1, 2)").python({}, {"a": 0}) is None
     assert Expr.parse("s == 'x'").python({"s": "x"}, {}) == "True"  # params fold to a literal
     assert Expr.parse("sizeof(s)").python({"s": "bf16"}, {}) == "2"
