@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from b12x_aot.loader import Arg, Expr, ExpressionError, StaticGeometry, VariantId
@@ -64,13 +64,7 @@ class Pruned:
     count: int
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "family": self.family,
-            "abi": self.abi,
-            "arch": self.arch,
-            "reason": self.reason,
-            "count": self.count,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,23 +118,21 @@ class _Constraints:
     combinations has few distinct values of the names each constraint reads, so each verdict
     is kept per those values and every constraint is evaluated once per distinct tuple."""
 
-    _UNBOUND = object()  # a name the params lack: the evaluation then says so
-
     def __init__(self, spec: Spec, names: Sequence[str]) -> None:
-        # depth d: the constraints whose names the first d params (and arch) bind; names the
-        # matrix lacks wait for the whole combination, where the evaluation reports them.
+        # depth d: the constraints whose names the first d params (and arch) bind; a spec's
+        # constraints read only its params and arch (load_spec refuses other names).
         position = {name: i + 1 for i, name in enumerate(names)}
         position[ARCH_NAME] = 0
         self.at_depth: list[list[tuple[Expr, tuple[str, ...], dict]]] = [[] for _ in range(len(names) + 1)]
         for c in spec.constraints:
-            depth = max((position.get(n, len(names)) for n in c.names), default=0)
+            depth = max((position[n] for n in c.names), default=0)
             self.at_depth[depth].append((c, tuple(sorted(c.names)), {}))
 
     def why_not(self, depth: int, params: Mapping[str, Any]) -> str | None:
         """Why the params fail the constraints that depth ``depth`` binds (the first in spec
         order), or None."""
         for constraint, names, verdicts in self.at_depth[depth]:
-            key = tuple(params.get(name, self._UNBOUND) for name in names)
+            key = tuple(params[name] for name in names)
             if key not in verdicts:
                 verdicts[key] = self._verdict(constraint, params)
             if verdicts[key] is not None:
