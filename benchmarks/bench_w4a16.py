@@ -345,6 +345,7 @@ def label(p: dict) -> str:
     text += f" c{p['k_ctas']}" if p.get("k_ctas", 1) > 1 else ""
     text += " bulk" if p.get("w_copy") == "bulk" else ""
     text += f" tail{p['tail_rows']}" if p.get("tail_rows", 0) else ""
+    text += f" cw{p['copy_warps']}" if p.get("copy_warps", 0) else ""
     return text + (f" {p['w_layout']}" if p.get("w_layout", "nk") != "nk" else "")
 
 

@@ -11,7 +11,9 @@ mostly padding: its k-loop issues wgmmas only as wide as its real rows need (the
 ``block_m`` and :data:`FITTING_WIDTHS`); with ``tail_rows``, a block that takes the next
 block's few rows along issues them ``block_m + tail_rows`` wide. The epilogue stages the
 output tile in the idle ring (tiles whose ring cannot hold it take the ``mma.sync`` loop), so
-rows leave in whole 16-byte vectors.
+rows leave in whole 16-byte vectors. With copy warps the compute warpgroups never copy: they
+take each k-tile's slot on an mbarrier and dequantize a chunk up to its scaling while the
+chunk's previous wgmmas still run (:meth:`WgmmaMainloop.ktile_pipelined`).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class WgmmaMainloop:
         copies,
         tid: Int32,
         mask: Uint32,
+        pipe=None,
     ):
         """k-loop of ``wgmma`` m64 x (up to ``block_m + tail_rows``) x k16 and the epilogue
         (sm_90a, 64-wide k-tiles).
@@ -80,7 +83,8 @@ class WgmmaMainloop:
         result bit. ``mask``: the dequant's nibble mask register
         (:func:`~._w4a16_dequant.nibble_mask`). ``reach``: the rows of the row list this CTA
         computes (:meth:`~.w4a16.W4A16.rows_reached`); past ``block_m``, the wgmmas take
-        ``block_m + tail_rows`` rows.
+        ``block_m + tail_rows`` rows. ``pipe``: with copy warps, the ring's ``full`` mbarriers,
+        then its ``empty`` ones (:meth:`~.w4a16.W4A16.split_roles`); ``copies`` is then unused.
         """
         bm = self.bm
         c = tid % 4
@@ -89,7 +93,7 @@ class WgmmaMainloop:
         acc.fill(0.0)
         # The low word of the activation ring's descriptor (see DESC_HI), held once.
         desc_lo = (Uint32(base.toint()) >> 4) | Uint32(DESC_LO_LBO)
-        state = (desc_lo, s_wv, s_s16, copies, tid, sel, mask)
+        state = (desc_lo, s_wv, s_s16, copies, pipe, tid, sel, mask)
         # Padding rows sit at a block's tail (an expert's last block): the wgmmas cover the
         # narrowest width that holds every real row, so a block of a few real rows costs its
         # dequant but only an n = 16 wgmma per step.
@@ -129,7 +133,7 @@ class WgmmaMainloop:
                 routes[j] = sc[rows + r]
         s_o = self.tensor(cute.recast_ptr(base, dtype=self.output), mt * stride)
         s_ov = self.vectors(cute.recast_ptr(base, dtype=self.output), vec, mt * stride // vec)
-        cute.arch.sync_threads()  # every warp's wgmmas, the ring's last readers, are done
+        self.compute_sync()  # every warp's wgmmas, the ring's last readers, are done
         for ci in cutlass.range_constexpr(chunks):
             col = (wg + ci * wgs) * 64 + v * 16 + g
             for i in cutlass.range_constexpr(mt // 8):
@@ -138,13 +142,22 @@ class WgmmaMainloop:
                         s_o[(8 * i + 2 * c + e) * stride + col + 8 * rr] = acc[4 * i + 2 * rr + e, ci].to(
                             self.output
                         )
-        cute.arch.sync_threads()
+        self.compute_sync()
         piece = cute.make_rmem_tensor((vec,), self.output)
         for j in cutlass.range_constexpr(passes):
             r, q = (tid + j * self.threads) // per_row, (tid + j * self.threads) % per_row
             if routes[j] >= 0:
                 cute.autovec_copy(s_ov[None, r * (stride // vec) + q], piece)
                 cute.autovec_copy(piece, m_out[None, routes[j] * (self.n // vec) + nt * per_row + q])
+
+    @cute.jit
+    def compute_sync(self):
+        """A barrier of the compute threads: the CTA's, or with copy warps (done copying by
+        the epilogue) named barrier 1 of ``cta_threads``."""
+        if cutlass.const_expr(self.copy_warps):
+            cute.arch.barrier(barrier_id=1, number_of_threads=self.cta_threads)
+        else:
+            cute.arch.sync_threads()
 
     def wg_chunks(self) -> int:
         """m64 chunks of the tile's weight rows per warpgroup."""
@@ -177,13 +190,25 @@ class WgmmaMainloop:
         chunk, at most ``chunks - 1`` groups may still run. When :meth:`overlaps_ktiles`, that
         holds across the k-tile barrier too, as the slot refilled there held ``kt - 2``;
         otherwise every group is done at the barrier (the slot refilled held ``kt - 1``), and a
-        warpgroup of one chunk dequantizes while other warpgroups' wgmmas run.
+        warpgroup of one chunk dequantizes while other warpgroups' wgmmas run. With copy
+        warps (``pipe``), no CTA barrier: :meth:`ktile_pipelined`.
         """
         reuse = self.wg_chunks() - 1
-        top = reuse if self.overlaps_ktiles() else 0
-        for kt in range(self.kt_count):
-            self.ktile_wgmma(acc, state, kt, n, top, reuse)
+        if cutlass.const_expr(state[4] is None):
+            top = reuse if self.overlaps_ktiles() else 0
+            for kt in range(self.kt_count):
+                self.ktile_wgmma(acc, state, kt, n, top, reuse)
+        else:
+            for kt in range(self.kt_count):
+                self.ktile_pipelined(acc, state, kt, n, reuse)
         cute.nvgpu.warpgroup.wait_group(0)
+
+    @cute.jit
+    def wait_full(self, pipe, kt: Int32):
+        """Wait until k-tile ``kt``'s copies are in its ring slot (copy warps)."""
+        cute.arch.mbarrier_wait(pipe + kt % self.stages, (kt // self.stages) % 2)
+        # The copies were generic-proxy writes; the wgmmas read through the async proxy.
+        cute.arch.fence_proxy("async.shared", space="cta")
 
     @cute.jit
     def ktile_wgmma(
@@ -195,14 +220,10 @@ class WgmmaMainloop:
         top: cutlass.Constexpr[int],
         reuse: cutlass.Constexpr[int],
     ):
-        """One k-tile: wait (at most ``top`` groups left running), barrier, refill, then per
-        chunk: wait (at most ``reuse``), dequantize, fence and issue its four wgmmas as one
-        group."""
-        desc_lo, s_wv, s_s16, copies, tid, sel, mask = state
-        c = tid % 4
-        tn, stages = self.tn, self.stages
-        wgs, chunks, wg, v, g = self.warpgroup_coords(tid)
-        ab = "bf16" if self.element is cutlass.BFloat16 else "f16"
+        """One k-tile without copy warps: wait (at most ``top`` groups left running), barrier,
+        refill, then per chunk: wait (at most ``reuse``), dequantize, fence and issue its four
+        wgmmas as one group."""
+        copies, tid, stages = state[3], state[5], self.stages
         ahead = self.tiles_ahead()
         cute.arch.cp_async_wait_group(ahead - 1)  # this thread's copies of k-tile kt landed
         # Groups still running are k-tile kt - 1's: the slot refilled next is not theirs. The
@@ -214,43 +235,90 @@ class WgmmaMainloop:
             self.issue(nxt, nxt % stages, *copies, tid, rows=n)  # rows past n: padding
         cute.arch.cp_async_commit_group()
         slot = kt % stages
-        for ci in cutlass.range_constexpr(chunks):
+        for ci in cutlass.range_constexpr(self.wg_chunks()):
             if cutlass.const_expr(ci > 0):
                 # Frees this chunk's A registers. Without a wait here ptxas would also see A
                 # registers defined inside a pipeline stage, and serialize every wgmma.
                 cute.nvgpu.warpgroup.wait_group(reuse)
-            r0 = (wg + ci * wgs) * 64 + v * 16 + g
-            if cutlass.const_expr(self.atoms):
-                # n64k128: this lane's 8 bytes of each row hold its k's (lane order).
-                wv = cute.make_rmem_tensor((2, 2), Uint32)  # word, row (r0, r0 + 8)
+            self.issue_chunk(acc, state, ci, slot, self.chunk_operands(state, kt, slot, ci), n)
+
+    @cute.jit
+    def ktile_pipelined(
+        self, acc, state, kt: Int32, n: cutlass.Constexpr[int], reuse: cutlass.Constexpr[int]
+    ):
+        """One k-tile with copy warps: wait for its slot's ``full`` barrier, then per chunk:
+        dequantize up to the scaling (under the wgmmas still in flight), wait (at most
+        ``reuse`` groups left running), scale, fence and issue its four wgmmas as one group.
+        Once k-tile ``kt - 1``'s groups are done (the wait before the last chunk), each thread
+        releases that slot on its ``empty`` barrier."""
+        pipe, stages, chunks = state[4], self.stages, self.wg_chunks()
+        slot = kt % stages
+        self.wait_full(pipe, kt)
+        for ci in cutlass.range_constexpr(chunks):
+            ops = self.chunk_operands(state, kt, slot, ci)
+            cute.nvgpu.warpgroup.wait_group(reuse)  # frees this chunk's A registers
+            if cutlass.const_expr(ci == chunks - 1):  # noqa: SIM102 (a trace-time test, then a traced one)
+                # k-tile kt - 1's wgmmas are done, and so are this thread's loads from its
+                # slot. Inline: behind a helper's branch ptxas serialized the wgmmas.
+                if kt > 0:
+                    cute.arch.mbarrier_arrive(pipe + stages + (kt + stages - 1) % stages)
+            self.issue_chunk(acc, state, ci, slot, ops, n)
+
+    @cute.jit
+    def chunk_operands(self, state, kt: Int32, slot: Int32, ci: cutlass.Constexpr[int]):
+        """Chunk ``ci``'s A operands of k-tile ``kt`` (in ring slot ``slot``) up to the scaling
+        multiply: per k16 step, ``(q, scale pair)`` for each of its four A registers. Reads only
+        the slot and defines no A register, so it may run under wgmmas that read them.
+
+        A k16 step's A fragment is k ``16s + 2c``, ``+ 1``, ``+ 8``, ``+ 9`` of the chunk's rows
+        (byte ``c`` of words ``2s`` and ``2s + 1`` of an ``nk`` row's 32-byte chunk; the lane's
+        own 8 bytes in ``n64k128``), dequantized like the ``mma.sync`` path's B operand."""
+        _, s_wv, s_s16, _, _, tid, sel, mask = state
+        c = tid % 4
+        wgs, _, wg, v, g = self.warpgroup_coords(tid)
+        r0 = (wg + ci * wgs) * 64 + v * 16 + g
+        if cutlass.const_expr(self.atoms):
+            # n64k128: this lane's 8 bytes of each row hold its k's (lane order).
+            wv = cute.make_rmem_tensor((2, 2), Uint32)  # word, row (r0, r0 + 8)
+            for rr in cutlass.range_constexpr(2):
+                cute.autovec_copy(s_wv[None, self.w_lane_piece(slot, 0, r0 + 8 * rr, g, c)], wv[None, rr])
+        else:
+            wv = cute.make_rmem_tensor((4, 2, 2), Uint32)  # word, 16-byte half, row (r0, r0 + 8)
+            for rr in cutlass.range_constexpr(2):
+                for h in cutlass.range_constexpr(2):
+                    unit = slot * (self.tn * self.qw) + (r0 + 8 * rr) * 2 + (h ^ (g // 4))
+                    cute.autovec_copy(s_wv[None, unit], wv[None, h, rr])
+        sp2 = cute.make_rmem_tensor((2,), Uint32)
+        ops = []
+        for s in cutlass.range_constexpr(4):
+            if cutlass.const_expr(16 * s % min(self.group, 64) == 0):
+                grp = (kt * 64 + 16 * s) // self.group
                 for rr in cutlass.range_constexpr(2):
-                    cute.autovec_copy(s_wv[None, self.w_lane_piece(slot, 0, r0 + 8 * rr, g, c)], wv[None, rr])
-            else:
-                wv = cute.make_rmem_tensor((4, 2, 2), Uint32)  # word, 16-byte half, row (r0, r0 + 8)
-                for rr in cutlass.range_constexpr(2):
-                    for h in cutlass.range_constexpr(2):
-                        unit = slot * (tn * self.qw) + (r0 + 8 * rr) * 2 + (h ^ (g // 4))
-                        cute.autovec_copy(s_wv[None, unit], wv[None, h, rr])
-            sp2 = cute.make_rmem_tensor((2,), Uint32)
-            frags = []
-            for s in cutlass.range_constexpr(4):
-                if cutlass.const_expr(16 * s % min(self.group, 64) == 0):
-                    grp = (kt * 64 + 16 * s) // self.group
-                    for rr in cutlass.range_constexpr(2):
-                        sv = Uint32(s_s16[(r0 + 8 * rr) * self.srow + grp])
-                        sp2[rr] = scale_pair(sv)
-                pairs = []
-                for e, rr in ((0, 0), (0, 1), (1, 0), (1, 1)):
-                    if cutlass.const_expr(self.atoms):
-                        q = int4_lane_pair(wv[0, rr], wv[1, rr], s, e, self.elem_name, mask)
-                    else:
-                        q = int4_pair(wv[2 * (s % 2) + e, s // 2, rr], sel, self.elem_name, mask)
-                    pairs.append(scaled(q, sp2[rr], self.elem_name))
-                frags.append(tuple(pairs))
-            # One fence for the chunk's four A fragments: the wgmmas after it chain on the same
-            # accumulators, which needs no fence between them.
-            cute.nvgpu.warpgroup.fence()
-            for s in cutlass.range_constexpr(4):
-                lo = desc_lo + Uint32(slot * (self.mt * 8) + 2 * s)  # + (slot * mt * 128 + 32 s) >> 4
-                _wgmma_into(acc, ci, frags[s], pack_b64(lo, Uint32(DESC_HI)), n=n, ab=ab)
-            cute.nvgpu.warpgroup.commit_group()
+                    sv = Uint32(s_s16[(r0 + 8 * rr) * self.srow + grp])
+                    sp2[rr] = scale_pair(sv)
+            pairs = []
+            for e, rr in ((0, 0), (0, 1), (1, 0), (1, 1)):
+                if cutlass.const_expr(self.atoms):
+                    q = int4_lane_pair(wv[0, rr], wv[1, rr], s, e, self.elem_name, mask)
+                else:
+                    q = int4_pair(wv[2 * (s % 2) + e, s // 2, rr], sel, self.elem_name, mask)
+                pairs.append((q, sp2[rr]))
+            ops.append(pairs)
+        return ops
+
+    @cute.jit
+    def issue_chunk(
+        self, acc, state, ci: cutlass.Constexpr[int], slot: Int32, ops, n: cutlass.Constexpr[int]
+    ):
+        """Scale chunk ``ci``'s operands (:meth:`chunk_operands`) into its A registers, fence, and
+        issue its four wgmmas of ``n`` block rows on ring slot ``slot`` as one group."""
+        desc_lo = state[0]
+        ab = "bf16" if self.element is cutlass.BFloat16 else "f16"
+        frags = [tuple(scaled(q, sp, self.elem_name) for q, sp in pairs) for pairs in ops]
+        # One fence for the chunk's four A fragments: the wgmmas after it chain on the same
+        # accumulators, which needs no fence between them.
+        cute.nvgpu.warpgroup.fence()
+        for s in cutlass.range_constexpr(4):
+            lo = desc_lo + Uint32(slot * (self.mt * 8) + 2 * s)  # + (slot * mt * 128 + 32 s) >> 4
+            _wgmma_into(acc, ci, frags[s], pack_b64(lo, Uint32(DESC_HI)), n=n, ab=ab)
+        cute.nvgpu.warpgroup.commit_group()

@@ -38,7 +38,13 @@ the part waits on before computing it; the compute reads the atom in its global 
 instructions and no per-thread 16-byte requests: on an H200 up to 1.3x faster than the cp.async
 twin, but up to 11 % slower (the bulk copy's longer latency) in launches of one or two CTAs per
 SM (N 256 / N 384 at 1 token without a cluster, tiles the op does not pick there; see
-``MoeW4A16Op.TILES``). The tensor-core operand is
+``MoeW4A16Op.TILES``). With ``copy_warps`` 4 (the 256-wide sm_90a wgmma tile) a fifth
+warpgroup past the ``cta_threads`` compute threads issues every copy and keeps only a few
+registers (``setmaxnreg``: the two compute warpgroups get the rest); the compute warpgroups
+wait on each slot's ``full`` mbarrier (its copiers' ``cp.async`` arrivals) and release it on
+its ``empty`` one once the wgmmas that read it are done, so no CTA barrier per k-tile holds
+them in step, and their wgmmas are those of the ``copy_warps`` 0 twin: the same bits
+(:meth:`W4A16.split_roles`). The tensor-core operand is
 ``round_to_activation_dtype(int4 * s)`` (:mod:`._w4a16_dequant`), except on decode tiles with
 ``group % tile_k == 0``, where the exact int4 is the operand and each k-tile's fp32 partial sum
 takes its scale in fp32. Two k-loops, chosen by arch and params:
@@ -91,6 +97,11 @@ from .route_pack import HEADER_WORDS, scratch_bounds, scratch_words
 
 __all__ = ["W4A16", "smem_bytes"]
 
+# With copy warps: the registers each copying thread keeps (its loop holds a few addresses and
+# the activation rows' sources); the SM's register file, all of it given to one CTA.
+COPY_REGISTERS = 40
+REGISTERS_PER_SM = 65536
+
 
 def smem_bytes(params: Mapping[str, Any]) -> int:
     """Dynamic shared memory of a variant with these params; the spec's ``launch.smem`` must say
@@ -104,6 +115,8 @@ def smem_bytes(params: Mapping[str, Any]) -> int:
         stages=stages,
     )
     mbarriers = 8 * split_k * stages if params["w_copy"] == "bulk" else 0
+    if params.get("copy_warps", 0):
+        mbarriers += 16 * stages  # full and empty per ring slot
     return split_k * ring + params["tile_n"] * _scale_row_bytes(params["k"], params["group"], 2) + mbarriers
 
 
@@ -141,6 +154,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         k_ctas: int = 1,
         w_copy: str = "cp_async",
         tail_rows: int = 0,
+        copy_warps: int = 0,
     ):
         super().__init__(
             geometry,
@@ -162,6 +176,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             k_ctas=k_ctas,
             w_copy=w_copy,
             tail_rows=tail_rows,
+            copy_warps=copy_warps,
         )
         if element not in DTYPES:
             raise ValueError(f"element must be bf16 or fp16 (got {element!r})")
@@ -187,7 +202,12 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         self.tail = tail_rows
         self.mt = block_m + tail_rows  # activation rows a ring slot holds
         self.ring_bytes = ring_bytes(block_m=self.mt, tile_n=tile_n, tile_k=tile_k, stages=stages)
-        self.ra = cdiv(self.mt, max(self.threads // self.qa, 1))  # activation rows per thread
+        # copy_warps 4 (wgmma tiles): a warpgroup past the cta_threads compute threads issues
+        # every copy, a ring slot handed over by mbarriers (see split_roles).
+        self.copy_warps = copy_warps
+        self.copiers = 32 * copy_warps if copy_warps else self.threads  # threads that copy
+        self.block_threads = cta_threads + 32 * copy_warps
+        self.ra = cdiv(self.mt, max(self.copiers // self.qa, 1))  # activation rows per copier
         # Decode blocks mostly hold one or two real rows: their few activation pieces can afford
         # a pass through registers (nk: k, k + 4 pairs, the way the weight dequant takes them)
         # or 4-byte copies (n64k128), each landing as register-move-free MMA fragments. Bigger
@@ -253,8 +273,20 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 (group % 64 and 64 % group) or group % 16 or (k // group) % 8,
                 "group in (16, 32) or group % 64 == 0, and (k // group) % 8 == 0",
             ),
-            (self.threads % self.qa, "part threads % (tile_k // 8) == 0"),
-            (self.threads // max(self.qw, 1) % 8, "part threads // (tile_k // 32) % 8 == 0"),  # see issue()
+            (self.copiers % self.qa, "copying threads % (tile_k // 8) == 0"),
+            (
+                self.copiers // max(self.qw, 1) % 8,
+                "copying threads // (tile_k // 32) % 8 == 0",
+            ),  # see issue()
+            (
+                copy_warps not in (0, 4)
+                or (copy_warps and (split_k, k_ctas, block_m == 16) != (1, 1, False)),
+                "copy_warps in (0, 4); 4: split_k == k_ctas == 1 and block_m > 16 (the wgmma loop)",
+            ),
+            (
+                tuple(static.block) != (self.block_threads, 1, 1),
+                "launch.block == [cta_threads + 32 * copy_warps, 1, 1]",
+            ),
             (self.kt_count < stages or stages < 2, "2 <= stages <= k // tile_k // (split_k * k_ctas)"),
             # The rank is x % k_ctas and the reduction targets cluster rank 0: only a launch in
             # clusters of exactly k_ctas CTAs along x sums every k share.
@@ -328,7 +360,9 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         # routes would wait for the expert's round trip before the first copy could go out.
         rows = HEADER_WORDS + nblk + blk * bm
         used, expert = sc[0], sc[HEADER_WORDS + blk]
-        row_routes = self.block_routes(sc, rows, words - 1, tid % self.threads)
+        row_routes = None  # copy warps: the copy warpgroup reads them (produce)
+        if cutlass.const_expr(not self.copy_warps):
+            row_routes = self.block_routes(sc, rows, words - 1, tid % self.threads)
         if blk < used:
             if expert >= 0 and expert < live:
                 reach = Int32(bm)
@@ -342,7 +376,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 zero = cute.make_rmem_tensor((self.out_vec,), self.output)
                 zero.fill(0.0)
                 per_row = self.tn // self.out_vec
-                for i in range(tid, bm * per_row, self.cta_threads):
+                for i in range(tid, bm * per_row, self.block_threads):
                     route = sc[rows + i // per_row]
                     if route >= 0:
                         col = route * (self.n // self.out_vec) + nt * per_row + i % per_row
@@ -382,12 +416,12 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
 
     def a_passes(self, rows: int = 0) -> int:
         """Activation copy passes that cover a tile's first ``rows`` rows (all, when 0)."""
-        return cdiv(rows, self.threads // self.qa) if rows else self.ra
+        return cdiv(rows, self.copiers // self.qa) if rows else self.ra
 
     def a_piece(self, tid, i: int):
-        """Row and 16-byte piece (of ``tile_k / 8``) of the block's activations that thread
-        ``tid`` loads in pass ``i``: consecutive threads take a row's consecutive pieces."""
-        return tid // self.qa + i * (self.threads // self.qa), tid % self.qa
+        """Row and 16-byte piece (of ``tile_k / 8``) of the block's activations that copying
+        thread ``tid`` loads in pass ``i``: consecutive threads take a row's consecutive pieces."""
+        return tid // self.qa + i * (self.copiers // self.qa), tid % self.qa
 
     @cute.jit
     def issue(
@@ -468,18 +502,18 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         # Weight copy i of this thread: 16-byte piece tid % qw of row tid // qw + i * rows. rows
         # is a multiple of 8, so every copy has the same piece and swizzle: one address pair per
         # k-tile plus constant offsets.
-        total, rows = self.tn * qw, self.threads // qw
+        total, rows, copiers = self.tn * qw, self.copiers // qw, self.copiers
         n0, qq = tid // qw, tid % qw
         dst0 = s_w[
             None, slot * total + (qq // 2) * (self.tn * 2) + n0 * 2 + ((qq % 2) ^ ((n0 // 4) % 2))
         ].iterator.toint()
         src0 = g_w[None, w_src + self.w_chunk(n0, kt * qw + qq)].iterator.toint()
-        for i in cutlass.range_constexpr(cdiv(total, self.threads)):
+        for i in cutlass.range_constexpr(cdiv(total, copiers)):
             dst, src = dst0 + i * rows * 32, src0 + self.w_chunk(i * rows, 0) * 16
-            if cutlass.const_expr(total % self.threads == 0):
+            if cutlass.const_expr(total % copiers == 0):
                 cp_async_16_l2_256(dst, src)
             else:
-                if tid + i * self.threads < total:
+                if tid + i * copiers < total:
                     cp_async_16_l2_256(dst, src)
 
     def w_chunk(self, row, chunk):
@@ -511,7 +545,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
     def _pass_splits_bands(self) -> bool:
         """Whether a weight copy pass (``threads / (tile_k / 32)`` rows) straddles 64-row
         bands: its offset from pass 0 would then depend on the thread's row."""
-        rows = self.threads // max(self.qw, 1)
+        rows = self.copiers // max(self.qw, 1)
         return rows % BAND != 0 and BAND % max(rows, 1) != 0
 
     @cute.jit
@@ -590,77 +624,165 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         )
         mma = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(elem, Float32, (16, 8, 16)))
 
-        # This thread's activation rows: gathered token offsets, and whether to load them at all.
-        ra = self.ra
-        a_src = cute.make_rmem_tensor((ra,), Int32)  # 16-byte piece of k-tile 0; -1: no row to load
-        for i in cutlass.range_constexpr(ra):
+        row0 = expert * self.n + nt * tn
+        w_src = row0 * k32
+        slab = (atom_s, g_s, s_s, row0)
+        if cutlass.const_expr(self.copy_warps):
+            copies = (atom_a, g_a, s_a, None, None, g_w, s_w, w_src, None)
+            self.split_roles(
+                m_out, sc, rows, reach, nt, base, s_wv, s_s16, s_base, copies, slab, num_tokens, tid
+            )
+        else:
+            # This thread's activation rows: gathered token offsets, and whether to load them.
+            a_src = self.activation_sources(tid, reach, row_routes)
+            staged = None  # interleaved nk tiles' next activation pieces
+            if cutlass.const_expr(self.interleave and not self.atoms):
+                staged = cute.make_rmem_tensor((4, self.ra), Uint32)
+                self.stage_rows(k0, staged, g_a, a_src)
+
+            mbar = None  # this part's slot mbarriers, where weights arrive by bulk copies
+            if cutlass.const_expr(self.bulk):
+                first = cute.recast_ptr(s_base + tn * self.srow * 2, dtype=Int64)
+                if tid_all == 0:
+                    for b in cutlass.range_constexpr(self.split * stages):
+                        cute.arch.mbarrier_init(first + b, 1)  # the producer's arrive, plus the bytes
+                    cute.arch.mbarrier_init_fence()
+                cute.arch.sync_threads()
+                mbar = first + part * stages
+
+            # The block's scale slab, once, by every thread, in the same commit group as k-tile 0.
+            self.copy_slab(slab, tid_all, self.cta_threads)
+            for s in cutlass.range_constexpr(self.tiles_ahead()):
+                self.issue(k0 + s, Int32(s), atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, mbar, tid)
+                cute.arch.cp_async_commit_group()
+            if cutlass.const_expr(self.split > 1):
+                # The k-loop syncs parts alone: the slab that every part reads must land first.
+                cute.arch.cp_async_wait_group(stages - 2)
+                cute.arch.sync_threads()
+
+            mask = nibble_mask(num_tokens)  # the dequant's nibble mask, held in a register
+            if cutlass.const_expr(self.uses_wgmma()):
+                self.mainloop_wgmma(
+                    m_out,
+                    sc,
+                    rows,
+                    reach,
+                    nt,
+                    base,
+                    s_wv,
+                    s_s16,
+                    (atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, mbar),
+                    tid,
+                    mask,
+                )
+            else:
+                # ldmatrix address of step 0: lane 8m + i reads row (m % 2) * 8 + i of an m16 atom, at
+                # 16-byte chunk m // 2, swizzled by the row (whose low 3 bits are i). Step s reads chunk
+                # 2s + m // 2: the address XOR (s << 5), as rows and the tile base are 128-byte aligned.
+                a_row0 = (
+                    base.toint()
+                    + (((lane // 8) % 2) * 8 + lane % 8) * (qa * 16)
+                    + (((lane // 16) ^ (lane % 8)) * 16)
+                )
+                self.mainloop_mma(
+                    m_out,
+                    sc,
+                    rows,
+                    nt,
+                    (a_row0, s_a32, s_wv, s_s16, s_se, mma, mask),
+                    (atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, mbar),
+                    (tid, part, rank, k0, smem),
+                )
+
+    @cute.jit
+    def activation_sources(self, tid: Int32, reach: Int32, row_routes):
+        """The 16-byte piece of ``a`` at k-tile 0 that each activation copy pass of copying
+        thread ``tid`` takes (:meth:`a_piece`), or -1 where its row is past ``reach`` or padding."""
+        a_src = cute.make_rmem_tensor((self.ra,), Int32)
+        for i in cutlass.range_constexpr(self.ra):
             r, q = self.a_piece(tid, i)
             a_src[i] = -1
             if (r < reach) & (row_routes[i] >= 0):
                 a_src[i] = (row_routes[i] // self.topk) * (self.k // 8) + q
-        staged = None  # interleaved nk tiles' next activation pieces
-        if cutlass.const_expr(self.interleave and not self.atoms):
-            staged = cute.make_rmem_tensor((4, ra), Uint32)
-            self.stage_rows(k0, staged, g_a, a_src)
-        row0 = expert * self.n + nt * tn
-        w_src = row0 * k32
+        return a_src
 
-        mbar = None  # this part's slot mbarriers, where weights arrive by bulk copies
-        if cutlass.const_expr(self.bulk):
-            first = cute.recast_ptr(s_base + tn * self.srow * 2, dtype=Int64)
-            if tid_all == 0:
-                for b in cutlass.range_constexpr(self.split * stages):
-                    cute.arch.mbarrier_init(first + b, 1)  # the producer's arrive, plus the bytes
-                cute.arch.mbarrier_init_fence()
-            cute.arch.sync_threads()
-            mbar = first + part * stages
-
-        # The block's scale slab, once, by every thread, in the same commit group as k-tile 0.
-        for i in range(tid_all, tn * chunks, self.cta_threads):
+    @cute.jit
+    def copy_slab(self, slab, tid: Int32, stride: cutlass.Constexpr[int]):
+        """``cp.async`` the block's ``tile_n x k / group`` scale slab into shared memory, thread
+        ``tid`` of ``stride`` taking every ``stride``-th 16-byte chunk (uncommitted: it joins
+        k-tile 0's group)."""
+        atom_s, g_s, s_s, row0 = slab
+        chunks = self.scale_chunks
+        for i in range(tid, self.tn * chunks, stride):
             cute.copy(
                 atom_s, g_s[None, row0 * chunks + i], s_s[None, (i // chunks) * (self.srow // 8) + i % chunks]
             )
-        for s in cutlass.range_constexpr(self.tiles_ahead()):
-            self.issue(k0 + s, Int32(s), atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, mbar, tid)
-            cute.arch.cp_async_commit_group()
-        if cutlass.const_expr(self.split > 1):
-            # The k-loop syncs parts alone: the slab that every part reads must land first.
-            cute.arch.cp_async_wait_group(stages - 2)
-            cute.arch.sync_threads()
 
-        mask = nibble_mask(num_tokens)  # the dequant's nibble mask, held in a register
-        if cutlass.const_expr(self.uses_wgmma()):
-            self.mainloop_wgmma(
-                m_out,
-                sc,
-                rows,
-                reach,
-                nt,
-                base,
-                s_wv,
-                s_s16,
-                (atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, mbar),
-                tid,
-                mask,
-            )
+    @cute.jit
+    def split_roles(
+        self,
+        m_out,
+        sc,
+        rows: Int32,
+        reach: Int32,
+        nt: Int32,
+        base,
+        s_wv,
+        s_s16,
+        s_base,
+        copies,
+        slab,
+        num_tokens,
+        tid,
+    ):
+        """``copy_warps``: the warps past the ``cta_threads`` compute threads issue every copy
+        (:meth:`produce`), the compute warpgroups only wait, dequantize, issue ``wgmma`` and
+        store. No CTA barrier per k-tile: ring slot ``s`` changes hands on two mbarriers past
+        the scale slab, ``full[s]`` (each copying thread arrives once its copies into the slot
+        landed) and ``empty[s] = full[stages + s]`` (each compute thread arrives once the wgmmas
+        that read the slot, and its own weight loads from it, are done). The compute warps run the same wgmmas in the same order
+        as without copy warps: the same bits."""
+        if cutlass.const_expr(not self.uses_wgmma()):
+            raise ValueError("copy_warps > 0 needs a wgmma tile (sm_90a, see uses_wgmma)")
+        stages = self.stages
+        full = cute.recast_ptr(s_base + self.tn * self.srow * 2, dtype=Int64)
+        if tid == 0:
+            for s in cutlass.range_constexpr(stages):
+                cute.arch.mbarrier_init(full + s, self.copiers)
+                cute.arch.mbarrier_init(full + stages + s, self.cta_threads)
+            cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+        # One CTA per SM: the copy warpgroup hands all but COPY_REGISTERS of its registers per
+        # thread to the compute warpgroups (setmaxnreg), which need more than an even share.
+        if tid >= self.cta_threads:
+            cute.arch.setmaxregister_decrease(COPY_REGISTERS)
+            self.produce(sc, rows, reach, copies, slab, full, tid - self.cta_threads)
         else:
-            # ldmatrix address of step 0: lane 8m + i reads row (m % 2) * 8 + i of an m16 atom, at
-            # 16-byte chunk m // 2, swizzled by the row (whose low 3 bits are i). Step s reads chunk
-            # 2s + m // 2: the address XOR (s << 5), as rows and the tile base are 128-byte aligned.
-            a_row0 = (
-                base.toint()
-                + (((lane // 8) % 2) * 8 + lane % 8) * (qa * 16)
-                + (((lane // 16) ^ (lane % 8)) * 16)
-            )
-            self.mainloop_mma(
-                m_out,
-                sc,
-                rows,
-                nt,
-                (a_row0, s_a32, s_wv, s_s16, s_se, mma, mask),
-                (atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, mbar),
-                (tid, part, rank, k0, smem),
-            )
+            cute.arch.setmaxregister_increase(self.compute_registers())
+            mask = nibble_mask(num_tokens)
+            self.mainloop_wgmma(m_out, sc, rows, reach, nt, base, s_wv, s_s16, copies, tid, mask, pipe=full)
+
+    @cute.jit
+    def produce(self, sc, rows: Int32, reach: Int32, copies, slab, full, tid: Int32):
+        """The copy warps' loop (``tid``: the thread among them): the scale slab, then each
+        k-tile into its ring slot once the compute warps have released the slot's last use,
+        each thread arriving on the slot's ``full`` barrier when its copies land."""
+        atom_a, g_a, s_a, _, _, g_w, s_w, w_src, _ = copies
+        a_src = self.activation_sources(tid, reach, self.block_routes(sc, rows, cute.size(sc) - 1, tid))
+        self.copy_slab(slab, tid, self.copiers)
+        stages = self.stages
+        for kt in range(self.kt_count):
+            slot = kt % stages
+            if kt >= stages:
+                cute.arch.mbarrier_wait(full + stages + slot, (kt // stages + 1) % 2)
+            self.issue(kt, slot, atom_a, g_a, s_a, a_src, None, g_w, s_w, w_src, None, tid)
+            cute.arch.cp_async_mbarrier_arrive_noinc(full + slot)
+
+    def compute_registers(self) -> int:
+        """Registers per compute thread with copy warps: what the copy warpgroup leaves of the
+        SM's 64 K, in setmaxnreg's multiples of 8, at most 256."""
+        share = (REGISTERS_PER_SM - 32 * self.copy_warps * COPY_REGISTERS) // self.cta_threads
+        return min(share // 8 * 8, 256)
 
     def tiles_ahead(self) -> int:
         """k-tiles in flight ahead of the one computing: the ring's other slots, but one fewer

@@ -253,7 +253,8 @@ class MoeW4A16Op(_RegistryOp):
     """
 
     family = "moe.w4a16"
-    # (block_m, tile_n, tile_k, stages, cta_threads, split_k, k_ctas, w_copy, tail_rows), best
+    # (block_m, tile_n, tile_k, stages, cta_threads, split_k, k_ctas, w_copy, tail_rows,
+    # copy_warps), best
     # first, per regime; the spec builds the split-k tiles only for the long-k shapes, where they help, and
     # bulk weight copies only on n64k128 weights, so the first tile the registry holds for a
     # problem is its best. Bulk copies lead every decode regime but cluster2, where they gained
@@ -264,39 +265,46 @@ class MoeW4A16Op(_RegistryOp):
     # (tail_rows 16): 1.10-1.15x on FC1 / FC2 when experts average 128 routes, but 0.94-0.96x
     # where no last block is that short (an H200, 4,096 / 1,024 and 2,048 tokens, topk 8). The
     # 256-wide one (built where n allows it) beats the 128-wide one at 4,096 tokens over 256
-    # experts: FC1 1.06-1.07x, FC2 1.02-1.08x, N 256 1.03-1.06x (two runs). Every riding tile
-    # rides as _RIDER says.
-    _DECODE = tuple((16, 128, 128, 3, threads, 1, 1, "cp_async", 0) for threads in (128, 256, 512))
-    _TINY = ((16, 64, 128, 3, 256, 4, 1, "bulk", 0), (16, 64, 128, 3, 256, 4, 1, "cp_async", 0), *_DECODE)
-    _PREFILL = (
-        (128, 128, 64, 4, 128, 1, 1, "cp_async", 0),
-        (128, 128, 64, 4, 256, 1, 1, "cp_async", 0),
-        (64, 128, 64, 4, 128, 1, 1, "cp_async", 0),
-        (64, 128, 64, 3, 128, 1, 1, "cp_async", 0),
+    # experts: FC1 1.06-1.07x, FC2 1.02-1.08x, N 256 1.03-1.06x (two runs). Its copy-warp twin
+    # (copy_warps 4: a copy warpgroup, the ring handed over on mbarriers; the same bits) leads:
+    # over it FC2 1.02-1.05x, FC1 1.00-1.01x, N 256 1.00x (two runs). Every riding tile rides as
+    # _RIDER says.
+    _DECODE = tuple((16, 128, 128, 3, threads, 1, 1, "cp_async", 0, 0) for threads in (128, 256, 512))
+    _TINY = (
+        (16, 64, 128, 3, 256, 4, 1, "bulk", 0, 0),
+        (16, 64, 128, 3, 256, 4, 1, "cp_async", 0, 0),
+        *_DECODE,
     )
-    TILES: Mapping[str, Sequence[tuple[int, int, int, int, int, int, int, str, int]]] = {
+    _PREFILL = (
+        (128, 128, 64, 4, 128, 1, 1, "cp_async", 0, 0),
+        (128, 128, 64, 4, 256, 1, 1, "cp_async", 0, 0),
+        (64, 128, 64, 4, 128, 1, 1, "cp_async", 0, 0),
+        (64, 128, 64, 3, 128, 1, 1, "cp_async", 0, 0),
+    )
+    TILES: Mapping[str, Sequence[tuple[int, int, int, int, int, int, int, str, int, int]]] = {
         "cluster4": (
-            (16, 64, 128, 3, 128, 2, 4, "bulk", 0),
-            (16, 64, 128, 3, 128, 2, 4, "cp_async", 0),
+            (16, 64, 128, 3, 128, 2, 4, "bulk", 0, 0),
+            (16, 64, 128, 3, 128, 2, 4, "cp_async", 0, 0),
             *_TINY,
         ),
-        "cluster2": ((16, 64, 128, 3, 128, 2, 2, "cp_async", 0), *_TINY),
+        "cluster2": ((16, 64, 128, 3, 128, 2, 2, "cp_async", 0, 0), *_TINY),
         "tiny": _TINY,
         "decode": (
-            (16, 128, 128, 3, 128, 1, 1, "bulk", 0),
-            (16, 64, 128, 3, 128, 2, 1, "cp_async", 0),
+            (16, 128, 128, 3, 128, 1, 1, "bulk", 0, 0),
+            (16, 64, 128, 3, 128, 2, 1, "cp_async", 0, 0),
             *_DECODE,
         ),
         "mid": (
-            (32, 128, 64, 3, 256, 1, 1, "cp_async", 0),
-            (64, 128, 64, 4, 128, 1, 1, "cp_async", 0),
-            (64, 128, 64, 3, 128, 1, 1, "cp_async", 0),
-            (64, 128, 128, 3, 128, 1, 1, "cp_async", 0),
+            (32, 128, 64, 3, 256, 1, 1, "cp_async", 0, 0),
+            (64, 128, 64, 4, 128, 1, 1, "cp_async", 0, 0),
+            (64, 128, 64, 3, 128, 1, 1, "cp_async", 0, 0),
+            (64, 128, 128, 3, 128, 1, 1, "cp_async", 0, 0),
         ),
         "prefill": _PREFILL,
         "prefill_tail": (
-            (128, 256, 64, 7, 256, 1, 1, "cp_async", 16),
-            (128, 128, 64, 4, 128, 1, 1, "cp_async", 16),
+            (128, 256, 64, 7, 256, 1, 1, "cp_async", 16, 4),
+            (128, 256, 64, 7, 256, 1, 1, "cp_async", 16, 0),
+            (128, 128, 64, 4, 128, 1, 1, "cp_async", 16, 0),
             *_PREFILL,
         ),
     }
@@ -310,6 +318,7 @@ class MoeW4A16Op(_RegistryOp):
         "k_ctas",
         "w_copy",
         "tail_rows",
+        "copy_warps",
     )
     # prefill_tail's lead tile by param: the block_m and tail_rows that riding reads
     _RIDER: ClassVar[Mapping[str, Any]] = dict(zip(TILE_PARAMS, TILES["prefill_tail"][0], strict=True))

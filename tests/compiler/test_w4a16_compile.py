@@ -112,6 +112,56 @@ def test_prefill_tile_runs_wgmma_on_sm90a_only(tmp_path: Path) -> None:
         assert 2 * waits < sum(widths.values()), sm90.opcodes
 
 
+def test_the_copy_warp_tile_hands_registers_over_and_syncs_on_mbarriers(tmp_path: Path) -> None:
+    # FC2's 256-wide tile and its copy-warp twin: 384 threads, the copy warpgroup's registers
+    # handed to the compute warpgroups (setmaxnreg both ways), the CTA barrier of each k-loop
+    # gone (left: one after the mbarrier init and the epilogue's two named ones) for mbarrier
+    # waits and arrivals, and the wgmmas as asynchronous as the twin's (the same waits).
+    db = tmp_path / "kernels.db"
+    picks = ("element=bf16", "output=bf16", "n=7168", "group=128", "tile_n=256", "w_layout=n64k128")
+    run_compile(str(W4A16), "--registry", str(db), "-j", "2", *[a for p in picks for a in ("--where", p)])
+    rows = {r.params["copy_warps"]: r for r in current_rows(db)}
+    assert set(rows) == {0, 4}
+    index = RegistryIndex(db)
+    for entry in index.entries.values():
+        want = 256 + 32 * entry.params["copy_warps"]
+        assert checked_cubin(index, entry).kernel(entry.symbol).max_threads == want
+
+    def count(row, *prefixes: str) -> int:
+        return sum(n for op, n in row.opcodes.items() if op.startswith(prefixes))
+
+    split, plain = rows[4], rows[0]
+    assert {"USETMAXREG.DEALLOC.CTAPOOL", "USETMAXREG.TRY_ALLOC.CTAPOOL"} <= set(split.opcodes)
+    assert count(split, "BAR.SYNC") == 3 < count(plain, "BAR.SYNC")
+    assert count(split, "SYNCS.PHASECHK") and count(split, "SYNCS.ARRIVE")
+    assert count(split, "WARPGROUP.DEPBAR") == count(plain, "WARPGROUP.DEPBAR") < count(split, "HGMMA")
+    assert split.spill_store_bytes == plain.spill_store_bytes == 0
+
+
+def test_copy_warps_need_their_warpgroup_and_the_wgmma_loop() -> None:
+    # The kernel refuses what the spec's constraints would let through by mistake: a launch
+    # without the copy warpgroup's threads, other copy-warp counts, and tiles off the wgmma loop.
+    from b12x_aot.kernels.w4a16 import W4A16 as Kernel
+
+    spec = load_spec(W4A16)
+    accepted = expand(spec, archs=["sm_90a"]).accepted
+    split = next(v for v in accepted if v.id.params["copy_warps"] == 4)
+    Kernel(spec.geometry, split.static, **split.id.params)  # as built
+    with pytest.raises(ValueError, match=r"launch.block == \[cta_threads \+ 32 \* copy_warps"):
+        Kernel(spec.geometry, split.static._replace(block=(256, 1, 1)), **split.id.params)
+    one_warp = {**split.id.params, "copy_warps": 1}
+    with pytest.raises(ValueError, match=r"copy_warps in \(0, 4\)"):
+        Kernel(spec.geometry, split.static._replace(block=(288, 1, 1)), **one_warp)
+    decode = next(v for v in accepted if v.id.params["block_m"] == 16 and v.id.params["split_k"] == 1)
+    smem = decode.static.smem + 16 * decode.id.params["stages"]
+    with pytest.raises(ValueError, match="4: split_k == k_ctas == 1 and block_m > 16"):
+        Kernel(
+            spec.geometry,
+            decode.static._replace(block=(decode.static.block[0] + 128, 1, 1), smem=smem),
+            **{**decode.id.params, "copy_warps": 4},
+        )
+
+
 def test_the_abi_1_argument_lists_stay_as_released() -> None:
     # Callers pass arguments by position: reordering or retyping one needs a new abi version.
     spec = load_spec(W4A16)

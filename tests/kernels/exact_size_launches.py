@@ -8,6 +8,9 @@ is then an access error, not a hit in a neighbour. Route ids include -1, num_exp
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 9 \\
         python -m tests.kernels.exact_size_launches REGISTRY
+
+With ``--copy-warps`` only the ``moe.w4a16`` variants with a copy warpgroup run (racecheck of
+their mbarrier ring, ``test_memcheck_gpu.py``: the tool is slow, the rest has no such ring).
 """
 
 from __future__ import annotations
@@ -54,12 +57,20 @@ def pick(registry: Registry, family: str, arch: str, **want) -> list:
     ]
 
 
-def main(path: str) -> None:
+def main(path: str, copy_warps_only: bool = False) -> None:
     torch.cuda.init()
     gen = torch.Generator(device="cuda").manual_seed(13)
     registry = Registry.open(path)
     arch = registry.arch(0)
     launched = 0
+    if copy_warps_only:  # one variant per shape: racecheck takes about 30 s for each
+        per_n = {e.params["n"]: e for e in pick(registry, "moe.w4a16", arch) if e.params.get("copy_warps")}
+        if not per_n:
+            registry.close()
+            print("0 launches on exact-size buffers: no moe.w4a16 variant with copy warps")
+            return
+        _finish(registry, arch, _gemms(registry, arch, gen, list(per_n.values())))
+        return
     # Four tokens per CTA too: 37 tokens leave the last CTA one, and no access past them.
     topk_sums = (
         pick(registry, "moe.topk_sum", arch, topk=8)[:4]
@@ -80,8 +91,16 @@ def main(path: str) -> None:
     gemms = pick(registry, "moe.w4a16", arch, n=2048, k=7168, element="bf16", output="bf16")
     clustered = [e for e in gemms if e.params.get("k_ctas", 1) > 1][:1]  # CTAs that share smem
     bulk = [e for e in gemms if e.params.get("w_copy") == "bulk"][:1]  # cp.async.bulk + mbarriers
+    split = [e for e in gemms if e.params.get("copy_warps", 0)][:1]  # a copy warpgroup, mbarrier ring
     picked = [e for e in gemms if e.params["block_m"] in (16, 128)][:4]
-    for entry in picked + [e for e in clustered + bulk if e not in picked]:
+    launched += _gemms(registry, arch, gen, picked + [e for e in clustered + bulk + split if e not in picked])
+    _finish(registry, arch, launched)
+
+
+def _gemms(registry: Registry, arch: str, gen: torch.Generator, entries: list) -> int:
+    """Route pack + GEMM of each ``moe.w4a16`` entry at 3 and 300 tokens; the launches made."""
+    launched = 0
+    for entry in entries:
         p = entry.params
         gemm = registry.kernel(entry.family, entry.abi, **p).prepare()
         (pack_entry,) = pick(
@@ -95,12 +114,16 @@ def main(path: str) -> None:
             pack.checked(scratch, ids, m, experts)
             gemm.checked(out, a, w, scales, scratch, m, experts)
             launched += 2
+    return launched
+
+
+def _finish(registry: Registry, arch: str, launched: int) -> None:
     torch.cuda.synchronize()
     registry.close()
     print(f"{launched} launches on exact-size buffers, arch {arch}")
     if not launched:
-        raise SystemExit("no variants of the single-GPU families in the registry")
+        raise SystemExit("no variants of the families asked for in the registry")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], copy_warps_only="--copy-warps" in sys.argv[2:])

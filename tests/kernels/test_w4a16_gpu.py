@@ -308,6 +308,24 @@ def test_the_256_wide_tile_gives_the_bits_of_the_128_wide_one(gpu_registry, devi
     _riding_twins_agree(gpu_registry, device_arch, pairs, "tile_n 256 vs 128")
 
 
+def test_copy_warps_give_the_bits_of_their_twins(gpu_registry, device_arch: str) -> None:
+    # A copy warpgroup changes who issues the copies and how a ring slot changes hands
+    # (mbarriers, no CTA barrier per k-tile), not the compute warps' wgmmas or their order: the
+    # bits of the copy_warps 0 twin, on routes crafted around riding blocks and on random ones at
+    # 3, 64 and 4,096 tokens (ring slots reused many times over); a graph replays one.
+    pairs = _registry_twins(
+        gpu_registry,
+        device_arch,
+        lambda p: p.get("copy_warps", 0) > 0,
+        "copy-warp variant with a copy_warps 0 twin",
+        copy_warps=0,
+    )
+    _riding_twins_agree(gpu_registry, device_arch, pairs, "copy_warps vs 0")
+    gen = torch.Generator(device="cuda").manual_seed(37)
+    for p, m, plain, split in _twin_outputs(gpu_registry, device_arch, pairs, (3, 64, 4096), gen):
+        assert same_bits(plain, split), f"copy_warps vs 0: {p} m={m}"
+
+
 def _riding_twins_agree(gpu_registry, device_arch: str, pairs, what: str) -> None:
     """Each pair's outputs are the same bits on routes crafted around 128-row blocks."""
     gen = torch.Generator(device="cuda").manual_seed(31)
