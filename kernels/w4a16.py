@@ -38,7 +38,7 @@ the part waits on before computing it; the compute reads the atom in its global 
 instructions and no per-thread 16-byte requests: on an H200 up to 1.3x faster than the cp.async
 twin, but up to 11 % slower (the bulk copy's longer latency) in launches of one or two CTAs per
 SM (N 256 / N 384 at 1 token without a cluster, tiles the op does not pick there; see
-``MoeW4A16Op.TILES``). With ``copy_warps`` 4 (the 256-wide sm_90a wgmma tile) a fifth
+``MoeW4A16Op.TILES``). With ``copy_warps`` 4 (the 256-wide sm_90a wgmma tile) a third
 warpgroup past the ``cta_threads`` compute threads issues every copy and keeps only a few
 registers (``setmaxnreg``: the two compute warpgroups get the rest); the compute warpgroups
 wait on each slot's ``full`` mbarrier (its copiers' ``cp.async`` arrivals) and release it on
@@ -98,7 +98,7 @@ from .route_pack import HEADER_WORDS, scratch_bounds, scratch_words
 __all__ = ["W4A16", "smem_bytes"]
 
 # With copy warps: the registers each copying thread keeps (its loop holds a few addresses and
-# the activation rows' sources); the SM's register file, all of it given to one CTA.
+# the activation rows' sources), and the SM's register file, which one CTA per SM shares out.
 COPY_REGISTERS = 40
 REGISTERS_PER_SM = 65536
 
@@ -106,7 +106,8 @@ REGISTERS_PER_SM = 65536
 def smem_bytes(params: Mapping[str, Any]) -> int:
     """Dynamic shared memory of a variant with these params; the spec's ``launch.smem`` must say
     the same: a ring per k-part (activation tiles of ``block_m + tail_rows`` rows), one scale
-    slab, and with ``w_copy == "bulk"`` an mbarrier (8 B) per ring slot."""
+    slab, with ``w_copy == "bulk"`` an mbarrier (8 B) per ring slot, and with copy warps two
+    (full and empty)."""
     split_k, stages = params["split_k"], params["stages"]
     ring = ring_bytes(
         block_m=params["block_m"] + params.get("tail_rows", 0),
@@ -280,8 +281,16 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             ),  # see issue()
             (
                 copy_warps not in (0, 4)
-                or (copy_warps and (split_k, k_ctas, block_m == 16) != (1, 1, False)),
-                "copy_warps in (0, 4); 4: split_k == k_ctas == 1 and block_m > 16 (the wgmma loop)",
+                or (
+                    copy_warps
+                    and (split_k, k_ctas, block_m == 16, tile_k, cta_threads % 128) != (1, 1, False, 64, 0)
+                ),
+                "copy_warps in (0, 4); 4: the wgmma loop's split_k == k_ctas == 1, block_m > 16, tile_k 64 "
+                "and whole warpgroups",
+            ),
+            (
+                copy_warps and self.compute_registers() <= self.launch_registers(),
+                "copy warps leave the compute threads more registers than the launch gives each thread",
             ),
             (
                 tuple(static.block) != (self.block_threads, 1, 1),
@@ -360,9 +369,10 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         # routes would wait for the expert's round trip before the first copy could go out.
         rows = HEADER_WORDS + nblk + blk * bm
         used, expert = sc[0], sc[HEADER_WORDS + blk]
-        row_routes = None  # copy warps: the copy warpgroup reads them (produce)
-        if cutlass.const_expr(not self.copy_warps):
-            row_routes = self.block_routes(sc, rows, words - 1, tid % self.threads)
+        copier = tid % self.threads  # this thread among those that copy
+        if cutlass.const_expr(self.copy_warps):  # the copy warpgroup's (the others' go unused)
+            copier = cutlass.max(tid - self.cta_threads, Int32(0))
+        row_routes = self.block_routes(sc, rows, words - 1, copier)
         if blk < used:
             if expert >= 0 and expert < live:
                 reach = Int32(bm)
@@ -630,7 +640,20 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         if cutlass.const_expr(self.copy_warps):
             copies = (atom_a, g_a, s_a, None, None, g_w, s_w, w_src, None)
             self.split_roles(
-                m_out, sc, rows, reach, nt, base, s_wv, s_s16, s_base, copies, slab, num_tokens, tid
+                m_out,
+                sc,
+                rows,
+                reach,
+                row_routes,
+                nt,
+                base,
+                s_wv,
+                s_s16,
+                s_base,
+                copies,
+                slab,
+                num_tokens,
+                tid,
             )
         else:
             # This thread's activation rows: gathered token offsets, and whether to load them.
@@ -725,6 +748,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         sc,
         rows: Int32,
         reach: Int32,
+        row_routes,
         nt: Int32,
         base,
         s_wv,
@@ -739,9 +763,9 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         (:meth:`produce`), the compute warpgroups only wait, dequantize, issue ``wgmma`` and
         store. No CTA barrier per k-tile: ring slot ``s`` changes hands on two mbarriers past
         the scale slab, ``full[s]`` (each copying thread arrives once its copies into the slot
-        landed) and ``empty[s] = full[stages + s]`` (each compute thread arrives once the wgmmas
-        that read the slot, and its own weight loads from it, are done). The compute warps run the same wgmmas in the same order
-        as without copy warps: the same bits."""
+        landed) and ``empty[s] = full[stages + s]`` (each compute thread arrives once the
+        wgmmas that read the slot, and its own weight loads from it, are done). The compute
+        warps run the same wgmmas in the same order as without copy warps: the same bits."""
         if cutlass.const_expr(not self.uses_wgmma()):
             raise ValueError("copy_warps > 0 needs a wgmma tile (sm_90a, see uses_wgmma)")
         stages = self.stages
@@ -756,19 +780,20 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         # thread to the compute warpgroups (setmaxnreg), which need more than an even share.
         if tid >= self.cta_threads:
             cute.arch.setmaxregister_decrease(COPY_REGISTERS)
-            self.produce(sc, rows, reach, copies, slab, full, tid - self.cta_threads)
+            self.produce(reach, row_routes, copies, slab, full, tid - self.cta_threads)
         else:
             cute.arch.setmaxregister_increase(self.compute_registers())
             mask = nibble_mask(num_tokens)
             self.mainloop_wgmma(m_out, sc, rows, reach, nt, base, s_wv, s_s16, copies, tid, mask, pipe=full)
 
     @cute.jit
-    def produce(self, sc, rows: Int32, reach: Int32, copies, slab, full, tid: Int32):
-        """The copy warps' loop (``tid``: the thread among them): the scale slab, then each
-        k-tile into its ring slot once the compute warps have released the slot's last use,
-        each thread arriving on the slot's ``full`` barrier when its copies land."""
+    def produce(self, reach: Int32, row_routes, copies, slab, full, tid: Int32):
+        """The copy warps' loop (``tid``: the thread among them; ``row_routes``: its rows',
+        :meth:`block_routes`): the scale slab, then each k-tile into its ring slot once the
+        compute warps have released the slot's last use, each thread arriving on the slot's
+        ``full`` barrier when its copies land. The copies land before the threads exit."""
         atom_a, g_a, s_a, _, _, g_w, s_w, w_src, _ = copies
-        a_src = self.activation_sources(tid, reach, self.block_routes(sc, rows, cute.size(sc) - 1, tid))
+        a_src = self.activation_sources(tid, reach, row_routes)
         self.copy_slab(slab, tid, self.copiers)
         stages = self.stages
         for kt in range(self.kt_count):
@@ -777,11 +802,19 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                 cute.arch.mbarrier_wait(full + stages + slot, (kt // stages + 1) % 2)
             self.issue(kt, slot, atom_a, g_a, s_a, a_src, None, g_w, s_w, w_src, None, tid)
             cute.arch.cp_async_mbarrier_arrive_noinc(full + slot)
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+
+    def launch_registers(self) -> int:
+        """Registers per thread at launch (one CTA per SM): the register file over the CTA's
+        threads, in multiples of 8, at most 255."""
+        return min(REGISTERS_PER_SM // self.block_threads, 255) // 8 * 8
 
     def compute_registers(self) -> int:
         """Registers per compute thread with copy warps: what the copy warpgroup leaves of the
-        SM's 64 K, in setmaxnreg's multiples of 8, at most 256."""
-        share = (REGISTERS_PER_SM - 32 * self.copy_warps * COPY_REGISTERS) // self.cta_threads
+        CTA's launch allocation, in setmaxnreg's multiples of 8, at most 256."""
+        pool = self.launch_registers() * self.block_threads
+        share = (pool - 32 * self.copy_warps * COPY_REGISTERS) // self.cta_threads
         return min(share // 8 * 8, 256)
 
     def tiles_ahead(self) -> int:

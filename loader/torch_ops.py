@@ -254,10 +254,9 @@ class MoeW4A16Op(_RegistryOp):
 
     family = "moe.w4a16"
     # (block_m, tile_n, tile_k, stages, cta_threads, split_k, k_ctas, w_copy, tail_rows,
-    # copy_warps), best
-    # first, per regime; the spec builds the split-k tiles only for the long-k shapes, where they help, and
-    # bulk weight copies only on n64k128 weights, so the first tile the registry holds for a
-    # problem is its best. Bulk copies lead every decode regime but cluster2, where they gained
+    # copy_warps), best first, per regime; the spec builds the split-k tiles only for the long-k
+    # shapes, where they help, and bulk weight copies only on n64k128 weights, so the first tile
+    # the registry holds for a problem is its best. Bulk copies lead every decode regime but cluster2, where they gained
     # nothing (an H200, against the cp.async twin: decode 1.19x on FC2 at 16 tokens, and the
     # 128-wide bulk tile beats FC1's two-part split-k tile 1.13x at 4 tokens, 1.14x at 16; tiny
     # 1.10x on FC1 at 1 token, 1.15x on N 384 at 16; cluster4 1.02-1.04x; cluster2 0.99-1.00x).
@@ -267,8 +266,8 @@ class MoeW4A16Op(_RegistryOp):
     # 256-wide one (built where n allows it) beats the 128-wide one at 4,096 tokens over 256
     # experts: FC1 1.06-1.07x, FC2 1.02-1.08x, N 256 1.03-1.06x (two runs). Its copy-warp twin
     # (copy_warps 4: a copy warpgroup, the ring handed over on mbarriers; the same bits) leads:
-    # over it FC2 1.02-1.05x, FC1 1.00-1.01x, N 256 1.00x (two runs). Every riding tile rides as
-    # _RIDER says.
+    # over it FC2 1.02-1.11x, FC1 1.00-1.01x, N 256 0.99-1.00x (three runs). Every riding tile
+    # rides as _RIDER says.
     _DECODE = tuple((16, 128, 128, 3, threads, 1, 1, "cp_async", 0, 0) for threads in (128, 256, 512))
     _TINY = (
         (16, 64, 128, 3, 256, 4, 1, "bulk", 0, 0),

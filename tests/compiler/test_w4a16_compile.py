@@ -154,7 +154,7 @@ def test_copy_warps_need_their_warpgroup_and_the_wgmma_loop() -> None:
         Kernel(spec.geometry, split.static._replace(block=(288, 1, 1)), **one_warp)
     decode = next(v for v in accepted if v.id.params["block_m"] == 16 and v.id.params["split_k"] == 1)
     smem = decode.static.smem + 16 * decode.id.params["stages"]
-    with pytest.raises(ValueError, match="4: split_k == k_ctas == 1 and block_m > 16"):
+    with pytest.raises(ValueError, match="4: the wgmma loop's split_k == k_ctas == 1, block_m > 16"):
         Kernel(
             spec.geometry,
             decode.static._replace(block=(decode.static.block[0] + 128, 1, 1), smem=smem),

@@ -60,6 +60,8 @@ def test_memcheck_finds_no_access_error(gpu_registry_path) -> None:
 def test_racecheck_finds_no_hazard_in_the_copy_warp_ring(gpu_registry_path) -> None:
     # A copy warpgroup fills the ring while the compute warpgroups read it, with no CTA barrier
     # between them: only the slots' mbarriers order a slot's reads before its next fill.
+    # racecheck sees the threads' own shared-memory accesses (the copies, the weight and scale
+    # loads, the epilogue), not the wgmmas' reads of the activations through the async proxy.
     output = _sanitized(gpu_registry_path, "--tool", "racecheck", launch_args=("--copy-warps",))
     if "0 launches on exact-size buffers: no moe.w4a16 variant" in output:
         pytest.skip("no moe.w4a16 variant with copy warps in this registry")

@@ -78,7 +78,7 @@ def test_a_copy_pass_offset_is_one_constant_unless_the_kernel_refuses_the_pass(w
     tile = reader(512, w_layout)
     tile.qw = 4
     for rows in (8, 16, 24, 32, 48, 64, 96, 128):
-        tile.threads = rows * tile.qw
+        tile.copiers = rows * tile.qw  # the threads that copy (a k-part's, or the copy warps)
         exact = all(
             tile.w_chunk(n0 + i * rows, c) == tile.w_chunk(n0, c) + tile.w_chunk(i * rows, 0)
             for n0 in range(rows)
