@@ -72,6 +72,15 @@ def _recv_frame(sock: socket.socket, deadline: _Deadline) -> tuple[bytes, int, b
     return kind, round_, _recv(sock, length, deadline)
 
 
+def _pending_refusal(sock: socket.socket) -> str | None:
+    """The hub's refusal (an ``E`` frame) already in ``sock``, if one is there to read."""
+    try:
+        kind, _, body = _recv_frame(sock, _Deadline(0.5))
+    except OSError:
+        return None
+    return body.decode(errors="replace") if kind == b"E" else None
+
+
 class UnixSocketRendezvous:
     """An all-gather of bytes between ``world`` processes of one host through a Unix socket.
 
@@ -223,8 +232,18 @@ class UnixSocketRendezvous:
     def _rank_round(self, data: bytes, round_: int, deadline: _Deadline) -> list[bytes]:
         hub = self._peers[0] or self._connect(deadline)
         try:
-            _send_frame(hub, b"D", round_, data, deadline)
+            try:
+                _send_frame(hub, b"D", round_, data, deadline)
+            except OSError:
+                # The hub may have refused this rank and hung up before the data went out: its
+                # reason then waits in the socket.
+                reason = _pending_refusal(hub)
+                if reason is not None:
+                    raise RendezvousError(self.rank, f"rank 0 gave up: {reason}") from None
+                raise
             kind, got_round, body = _recv_frame(hub, deadline)
+        except RendezvousError:
+            raise
         except TimeoutError:
             raise RendezvousError(
                 self.rank,

@@ -19,6 +19,7 @@ from b12x_aot.comm import (
     RendezvousError,
     ThreadRendezvous,
     UnixSocketRendezvous,
+    _rendezvous,
     fetch_fd,
 )
 
@@ -175,6 +176,31 @@ def test_a_rank_missing_from_a_later_round_is_named_and_the_others_fail_fast(tmp
     assert "rank 0 gave up: ranks [2] sent nothing" in str(errors[1])
     for r in ranks:
         r.close()
+
+
+def test_a_refused_rank_hears_why_though_the_hub_hung_up_first(tmp_path: Path) -> None:
+    # The hub refuses a rank at its hello and closes before the rank sends its data: the send
+    # fails, and the hub's reason, already in the socket, is what the rank reports.
+    path = str(tmp_path / "r.sock")
+    hub = UnixSocketRendezvous(path, 0, 2, timeout=5.0)
+    odd = UnixSocketRendezvous(path, 1, 3, timeout=5.0)
+    seen: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            hub(b"x")
+        except RendezvousError as exc:
+            seen.append(exc)
+
+    refusing = threading.Thread(target=serve)
+    refusing.start()
+    odd._connect(_rendezvous._Deadline(5.0))  # its hello only
+    refusing.join()
+    assert seen, "the hub accepted a rank of another world"
+    with pytest.raises(RendezvousError, match="rank 0 gave up: rank 1 has world 3, rank 0 has world 2"):
+        odd(b"x")
+    hub.close()
+    odd.close()
 
 
 def test_world_mismatch_is_refused_on_both_sides(tmp_path: Path) -> None:
