@@ -178,22 +178,32 @@ def test_a_rank_missing_from_a_later_round_is_named_and_the_others_fail_fast(tmp
         r.close()
 
 
-def test_a_refused_rank_hears_why_though_the_hub_hung_up_first(tmp_path: Path) -> None:
-    # The hub refuses a rank at its hello and closes before the rank sends its data: the send
-    # fails, and the hub's reason, already in the socket, is what the rank reports.
-    path = str(tmp_path / "r.sock")
-    hub = UnixSocketRendezvous(path, 0, 2, timeout=5.0)
-    odd = UnixSocketRendezvous(path, 1, 3, timeout=5.0)
+def _raising_in_thread(call, data: bytes) -> tuple[threading.Thread, list[BaseException]]:
+    """``call(data)`` started in a thread, and the list its RendezvousError will land in."""
     seen: list[BaseException] = []
 
-    def serve() -> None:
+    def run() -> None:
         try:
-            hub(b"x")
+            call(data)
         except RendezvousError as exc:
             seen.append(exc)
 
-    refusing = threading.Thread(target=serve)
-    refusing.start()
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, seen
+
+
+def _mismatched_pair(tmp_path: Path) -> tuple[UnixSocketRendezvous, UnixSocketRendezvous]:
+    """A hub of world 2 and a rank 1 that says world 3."""
+    path = str(tmp_path / "r.sock")
+    return UnixSocketRendezvous(path, 0, 2, timeout=5.0), UnixSocketRendezvous(path, 1, 3, timeout=5.0)
+
+
+def test_a_refused_rank_hears_why_though_the_hub_hung_up_first(tmp_path: Path) -> None:
+    # The hub refuses a rank at its hello and closes before the rank sends its data: the send
+    # fails, and the hub's reason, already in the socket, is what the rank reports.
+    hub, odd = _mismatched_pair(tmp_path)
+    refusing, seen = _raising_in_thread(hub, b"x")
     odd._connect(_rendezvous._Deadline(5.0))  # its hello only
     refusing.join()
     assert seen, "the hub accepted a rank of another world"
@@ -204,19 +214,8 @@ def test_a_refused_rank_hears_why_though_the_hub_hung_up_first(tmp_path: Path) -
 
 
 def test_world_mismatch_is_refused_on_both_sides(tmp_path: Path) -> None:
-    path = str(tmp_path / "r.sock")
-    hub = UnixSocketRendezvous(path, 0, 2, timeout=5.0)
-    odd = UnixSocketRendezvous(path, 1, 3, timeout=5.0)
-    seen: list[BaseException] = []
-
-    def rank() -> None:
-        try:
-            odd(b"x")
-        except RendezvousError as exc:
-            seen.append(exc)
-
-    thread = threading.Thread(target=rank)
-    thread.start()
+    hub, odd = _mismatched_pair(tmp_path)
+    thread, seen = _raising_in_thread(odd, b"x")
     with pytest.raises(RendezvousError, match="rank 1 has world 3, rank 0 has world 2"):
         hub(b"x")
     thread.join()
