@@ -266,7 +266,7 @@ class MoeW4A16Op(_RegistryOp):
     # 256-wide one (built where n allows it) beats the 128-wide one at 4,096 tokens over 256
     # experts: FC1 1.06-1.07x, FC2 1.02-1.08x, N 256 1.03-1.06x (two runs). Its copy-warp twin
     # (copy_warps 4: a copy warpgroup, the ring handed over on mbarriers; the same bits) leads:
-    # over it FC2 1.02-1.11x, FC1 1.00-1.01x, N 256 0.99-1.00x (three runs). Every riding tile
+    # over it FC2 1.02-1.11x, FC1 1.00-1.02x, N 256 0.99-1.02x (four runs). Every riding tile
     # rides as _RIDER says.
     _DECODE = tuple((16, 128, 128, 3, threads, 1, 1, "cp_async", 0, 0) for threads in (128, 256, 512))
     _TINY = (
