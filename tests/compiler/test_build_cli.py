@@ -335,7 +335,12 @@ def test_a_signal_cleans_up_and_exits_with_its_code(tmp_path: Path, signum: int,
     temp = tmp_path / "temp"
     temp.mkdir()
     args = [str(spec), "--registry", str(db), "-j", "1"]
-    script = f"import sys\n{STALLED}from b12x_aot.compiler import cli\ncli.main({args!r})\n"
+    # Python keeps an inherited SIG_IGN for SIGINT (a test run started in the background has
+    # one): give the build the handler an interactive shell's Ctrl-C would find.
+    script = (
+        f"import signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n{STALLED}"
+        f"from b12x_aot.compiler import cli\ncli.main({args!r})\n"
+    )
     proc = subprocess.Popen(
         [sys.executable, "-c", script],
         cwd=ROOT,
@@ -350,7 +355,11 @@ def test_a_signal_cleans_up_and_exits_with_its_code(tmp_path: Path, signum: int,
         time.sleep(0.2)
     time.sleep(0.5)  # past the child's registration in the pool
     proc.send_signal(signum)
-    _, stderr = proc.communicate(timeout=60)
+    try:
+        _, stderr = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
     assert proc.returncode == code, stderr
     assert "Traceback" not in stderr and "Aborted!" not in stderr
     assert "rerun the same command to resume" in stderr
