@@ -271,16 +271,26 @@ def _prune_blob_files(store: RegistryStore, known: set[str], dry_run: bool) -> t
     return count, None
 
 
-def migrate(store: RegistryStore) -> tuple[int, int]:
+def migrate(store: RegistryStore, *, dry_run: bool = False) -> tuple[int, int]:
     """Upgrade to :data:`SCHEMA_VERSION`. Returns (from, to). Refuses newer registries and
-    ones older than every migration here, before changing anything."""
+    ones older than every migration here, before changing anything. ``dry_run``: only read the
+    version and check that the migrations exist (open the store read-only for it)."""
+    if dry_run:
+        with store.read() as conn:
+            return _migratable_version(conn, store.display), SCHEMA_VERSION
     with store.write() as conn:
-        value = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar_one_or_none()
-        found = parse_schema_version(value, store.display)
-        if found > SCHEMA_VERSION or not migratable(found):
-            raise SchemaMismatch(store.display, found, SCHEMA_VERSION, migratable=False)
+        found = _migratable_version(conn, store.display)
         for version in range(found, SCHEMA_VERSION):
             MIGRATIONS[version](conn)
         if found != SCHEMA_VERSION:
             conn.execute(update(Meta).where(Meta.key == "schema_version").values(value=str(SCHEMA_VERSION)))
     return found, SCHEMA_VERSION
+
+
+def _migratable_version(conn: Connection, display: str) -> int:
+    """The registry's schema version, which the migrations here must reach from."""
+    value = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar_one_or_none()
+    found = parse_schema_version(value, display)
+    if found > SCHEMA_VERSION or not migratable(found):
+        raise SchemaMismatch(display, found, SCHEMA_VERSION, migratable=False)
+    return found

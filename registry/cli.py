@@ -386,16 +386,24 @@ def export_(registry: str, manifest_path: str, out: str, as_json: bool) -> None:
 
 @main.command("migrate")
 @_registry_option
+@click.option("--dry-run", is_flag=True, help="Only say what would change; opens the registry read-only.")
 @_json_option
 @_fails
-def migrate_(registry: str, as_json: bool) -> None:
+def migrate_(registry: str, dry_run: bool, as_json: bool) -> None:
     """Upgrade a registry to this code's schema version."""
-    store = RegistryStore.open(registry, check_schema=False)
-    before, after = migrate(store)
+    store = RegistryStore.open(registry, check_schema=False, read_only=dry_run)
+    before, after = migrate(store, dry_run=dry_run)
+    changes = before != after
     if as_json:
-        _emit_json({"registry": store.display, "from": before, "to": after, "migrated": before != after})
+        _emit_json(
+            {"registry": store.display, "from": before, "to": after, "migrated": changes and not dry_run}
+            | ({"dry_run": True, "would_migrate": changes} if dry_run else {})
+        )
         return
-    Console().print(f"schema {before} -> {after}" if before != after else f"already at schema {after}")
+    if not changes:
+        Console().print(f"already at schema {after}")
+    else:
+        Console().print(f"schema {before} -> {after}" + (" (dry run: nothing written)" if dry_run else ""))
 
 
 @main.command("builds")

@@ -219,3 +219,46 @@ def test_gc_dry_run_counts_the_blob_files_of_the_artifacts_it_would_delete(tmp_p
     done = gc()
     assert (done["variants"], done["artifacts"], done["blob_files"]) == (1, 1, 1)
     assert len(list(blobs.glob("??/*"))) == 1
+
+
+def test_migrate_dry_run_says_what_would_change_and_writes_nothing(
+    fake_registry: FakeRegistry, run_cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A registry one schema behind, with a step to the current one: the dry run names the step
+    # and leaves the file as it was, even read-only; the real run then takes it.
+    from b12x_aot.registry import _maintain, _migrations
+
+    steps: list[int] = []
+    monkeypatch.setattr(_maintain, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(_migrations, "SCHEMA_VERSION", 2)
+    monkeypatch.setitem(_migrations.MIGRATIONS, 1, lambda conn: steps.append(1))
+    fake_registry.store.close()
+    path = fake_registry.path
+    before = path.read_bytes()
+    path.chmod(0o444)
+    try:
+        dry = run_cli("migrate", "-r", path, "--dry-run")
+        assert dry.exit_code == 0, dry.output
+        assert "schema 1 -> 2 (dry run: nothing written)" in dry.stdout
+        as_json = run_cli("migrate", "-r", path, "--dry-run", "--json")
+        assert json.loads(as_json.stdout) == {
+            "registry": f"sqlite:///{path}",
+            "from": 1,
+            "to": 2,
+            "migrated": False,
+            "dry_run": True,
+            "would_migrate": True,
+        }
+        assert path.read_bytes() == before and not steps
+    finally:
+        path.chmod(0o644)
+    real = run_cli("migrate", "-r", path)
+    assert real.exit_code == 0 and "schema 1 -> 2" in real.stdout and steps == [1]
+    again = run_cli("migrate", "-r", path, "--dry-run")
+    assert again.exit_code == 0 and "already at schema 2" in again.stdout
+
+
+def test_migrate_dry_run_refuses_what_migrate_refuses(fake_registry: FakeRegistry, run_cli) -> None:
+    set_schema(fake_registry.path, "0")
+    dry = run_cli("migrate", "-r", fake_registry.path, "--dry-run")
+    assert dry.exit_code == 2 and "has no migration from 0" in dry.stderr
