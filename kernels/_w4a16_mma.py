@@ -57,9 +57,9 @@ class MmaSyncMainloop:
     """Mixin of :class:`~.w4a16.W4A16`: the ``mma.sync`` k-loop, its operands and epilogue."""
 
     @cute.jit
-    def mainloop_mma(self, m_out, sc, rows: Int32, nt: Int32, views, copies, where):
-        """k-loop of warp-level ``mma.sync`` and the epilogue (every arch; every tile the wgmma
-        loop does not take). ``where``: this thread's index in its k-part, the part, the
+    def mainloop_mma(self, tile, views, copies, where):
+        """k-loop of warp-level ``mma.sync`` and the epilogue of ``tile`` (an
+        :class:`~._w4a16_tile.OutTile`; every arch, every tile the wgmma loop does not take). ``where``: this thread's index in its k-part, the part, the
         CTA's rank in its cluster, the part's first k-tile, and the start of shared memory (for
         the parts' and CTAs' sums). ``views`` ends with the dequant's nibble mask register
         (:func:`~._w4a16_dequant.nibble_mask`)."""
@@ -75,7 +75,7 @@ class MmaSyncMainloop:
         if cutlass.const_expr(self.swapped):
             # Tokens are the n8 operand: a block of at most 8 real rows needs one n8 atom (real
             # rows come first in a block, see route_pack).
-            if sc[rows + 8] >= 0:
+            if tile.sc[tile.rows + 8] >= 0:
                 self.kloop_mma(acc, state, 2)
             else:
                 self.kloop_mma(acc, state, 1)
@@ -87,9 +87,9 @@ class MmaSyncMainloop:
             self.add_ctas(acc, shape, part, rank, tid, smem)
         if part == 0 and rank == 0:
             if cutlass.const_expr(self.swapped):
-                self.store_swapped(m_out, sc, rows, nt, acc, warp, g, c)
+                self.store_swapped(tile, acc, warp, g, c)
             else:
-                self.store_mma(m_out, sc, rows, nt, acc, warp, g, c)
+                self.store_mma(tile, acc, warp, g, c)
 
     @cute.jit
     def kloop_mma(self, acc, state, ntok: cutlass.Constexpr[int]):
@@ -177,9 +177,10 @@ class MmaSyncMainloop:
             self.add_sums(acc, shape, smem, first, self.k_ctas - 1, tid)
 
     @cute.jit
-    def store_mma(self, m_out, sc, rows: Int32, nt: Int32, acc, warp: Int32, g: Int32, c: Int32):
+    def store_mma(self, tile, acc, warp: Int32, g: Int32, c: Int32):
         """The epilogue: round once, store the two adjacent columns of each row this lane holds.
         The rows' routes are read first, at once (why: ``WgmmaMainloop.store_staged``)."""
+        m_out, sc, rows, _, nt = tile
         tn = self.tn
         half = self.vectors(m_out.iterator, 2, cute.size(m_out) // 2)
         y = cute.make_rmem_tensor((2,), self.output)
@@ -484,11 +485,12 @@ class MmaSyncMainloop:
         )
 
     @cute.jit
-    def store_swapped(self, m_out, sc, rows: Int32, nt: Int32, acc, warp: Int32, g: Int32, c: Int32):
+    def store_swapped(self, tile, acc, warp: Int32, g: Int32, c: Int32):
         """The swapped decode epilogue: accumulator ``2rr + e`` of (m16 atom ``mi``, n8 atom
         ``ni``) is weight row ``16mi + 8rr + g`` of the warp's, token row ``8ni + 2c + e``;
         round once and store each as one element. The four routes are read first, at once
         (why: ``WgmmaMainloop.store_staged``)."""
+        m_out, sc, rows, _, nt = tile
         one = self.tensor(m_out.iterator, cute.size(m_out))
         routes = cute.make_rmem_tensor((2, 2), Int32)
         for ni in cutlass.range_constexpr(2):

@@ -18,6 +18,8 @@ chunk's previous wgmmas still run (:meth:`WgmmaMainloop.ktile_pipelined`).
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
@@ -27,7 +29,7 @@ from b12x_aot.loader import cdiv
 from ._ptx import pack_b64, wgmma_rs
 from ._w4a16_dequant import int4_lane_pair, int4_pair, pair_selector, scale_pair, scaled
 
-__all__ = ["WgmmaMainloop"]
+__all__ = ["KLoop", "WgmmaMainloop"]
 
 # The narrower wgmma widths (multiples of 8) a block's k-loop may take, widest first: each is one
 # more copy of the k-loop, so a few steps, finer where blocks often end.
@@ -39,6 +41,23 @@ FITTING_WIDTHS = (96, 64, 32, 16)
 # descriptor is then a per-thread low word plus a constant (kernels/_ptx.pack_b64).
 DESC_LO_LBO = 1 << 16
 DESC_HI = (1 << 30) | (1024 >> 4)
+
+
+class KLoop(NamedTuple):
+    """What every k-tile of the wgmma loop reads: the activation ring's descriptor low word
+    (see :data:`DESC_HI`), the weight words and the scale slab in shared memory, the copies
+    (:meth:`~.w4a16.W4A16.issue`'s arguments; without copy warps), the ring's ``full`` then
+    ``empty`` mbarriers (with copy warps, else None), the thread, its lane's byte selector and
+    the dequant's nibble mask register."""
+
+    desc_lo: Uint32
+    s_wv: Any
+    s_s16: Any
+    copies: Any
+    pipe: Any
+    tid: Int32
+    sel: Uint32
+    mask: Uint32
 
 
 def _wgmma_into(acc, ci: int, frag, desc: Int64, *, n: int, ab: str) -> None:
@@ -55,21 +74,7 @@ class WgmmaMainloop:
     """Mixin of :class:`~.w4a16.W4A16`: the sm_90a ``wgmma`` k-loop and its epilogue."""
 
     @cute.jit
-    def mainloop_wgmma(
-        self,
-        m_out,
-        sc,
-        rows: Int32,
-        reach: Int32,
-        nt: Int32,
-        base,
-        s_wv,
-        s_s16,
-        copies,
-        tid: Int32,
-        mask: Uint32,
-        pipe=None,
-    ):
+    def mainloop_wgmma(self, tile, base, s_wv, s_s16, copies, tid: Int32, mask: Uint32, pipe=None):
         """k-loop of ``wgmma`` m64 x (up to ``block_m + tail_rows``) x k16 and the epilogue
         (sm_90a, 64-wide k-tiles).
 
@@ -80,10 +85,9 @@ class WgmmaMainloop:
         dequantized like the ``mma.sync`` path's B operand; B is the activation tile, K-major
         with the 128-byte swizzle the copies already apply. A chunk's accumulators receive the
         same wgmmas in the same order whatever the CTA size, so ``cta_threads`` never changes a
-        result bit. ``mask``: the dequant's nibble mask register
-        (:func:`~._w4a16_dequant.nibble_mask`). ``reach``: the rows of the row list this CTA
-        computes (:meth:`~.w4a16.W4A16.rows_reached`); past ``block_m``, the wgmmas take
-        ``block_m + tail_rows`` rows. ``pipe``: with copy warps, the ring's ``full`` mbarriers,
+        result bit. ``tile``: an :class:`~._w4a16_tile.OutTile`; past ``block_m`` rows of
+        reach, the wgmmas take ``block_m + tail_rows`` rows. ``mask``: the dequant's nibble
+        mask register (:func:`~._w4a16_dequant.nibble_mask`). ``pipe``: with copy warps, the ring's ``full`` mbarriers,
         then its ``empty`` ones (:meth:`~.w4a16.W4A16.split_roles`); ``copies`` is then unused.
         """
         bm = self.bm
@@ -93,22 +97,22 @@ class WgmmaMainloop:
         acc.fill(0.0)
         # The low word of the activation ring's descriptor (see DESC_HI), held once.
         desc_lo = (Uint32(base.toint()) >> 4) | Uint32(DESC_LO_LBO)
-        state = (desc_lo, s_wv, s_s16, copies, pipe, tid, sel, mask)
+        state = KLoop(desc_lo, s_wv, s_s16, copies, pipe, tid, sel, mask)
         # Padding rows sit at a block's tail (an expert's last block): the wgmmas cover the
         # narrowest width that holds every real row, so a block of a few real rows costs its
         # dequant but only an n = 16 wgmma per step.
         widths = (bm, *(x for x in FITTING_WIDTHS if x < bm))
         if cutlass.const_expr(self.tail > 0):
-            if reach > bm:
+            if tile.reach > bm:
                 self.kloop_wgmma(acc, state, n=self.mt)
             else:
-                self.kloop_fitting(acc, state, sc, rows, widths)
+                self.kloop_fitting(acc, state, tile, widths)
         else:
-            self.kloop_fitting(acc, state, sc, rows, widths)
-        self.store_staged(m_out, sc, rows, reach, nt, acc, base, tid)
+            self.kloop_fitting(acc, state, tile, widths)
+        self.store_staged(tile, acc, base, tid)
 
     @cute.jit
-    def store_staged(self, m_out, sc, rows: Int32, reach: Int32, nt: Int32, acc, base, tid: Int32):
+    def store_staged(self, tile, acc, base, tid: Int32):
         """Epilogue through shared memory: the rounded accumulators into a row-major
         ``(block_m + tail_rows) x tile_n`` tile in the idle ring, then each real row of the
         ``reach`` this CTA computed out in whole 16-byte vectors, a warp covering contiguous row
@@ -119,6 +123,7 @@ class WgmmaMainloop:
         The routes of the thread's output rows are read first, all at once: read between the
         output stores (which ptxas must assume may write scratch), each would wait for a round
         trip of its own."""
+        m_out, sc, rows, reach, nt = tile
         mt, tn, vec = self.mt, self.tn, self.out_vec
         wgs, chunks, wg, v, g = self.warpgroup_coords(tid)
         c = tid % 4
@@ -169,17 +174,17 @@ class WgmmaMainloop:
         return self.threads // 128, self.wg_chunks(), tid // 128, (tid // 32) % 4, tid % 32 // 4
 
     @cute.jit
-    def kloop_fitting(self, acc, state, sc, rows: Int32, widths: cutlass.Constexpr[tuple]):
+    def kloop_fitting(self, acc, state, tile, widths: cutlass.Constexpr[tuple]):
         """The k-loop of the narrowest of ``widths`` (widest first) that holds every real row of
         the block: real rows come first, so row ``w`` is real iff more than ``w`` rows are.
         Nested branches, not a sequence of ifs: ptxas then sees exactly one k-loop per path."""
         if cutlass.const_expr(len(widths) == 1):
             self.kloop_wgmma(acc, state, n=widths[0])
         else:
-            if sc[rows + widths[1]] >= 0:
+            if tile.sc[tile.rows + widths[1]] >= 0:
                 self.kloop_wgmma(acc, state, n=widths[0])
             else:
-                self.kloop_fitting(acc, state, sc, rows, widths[1:])
+                self.kloop_fitting(acc, state, tile, widths[1:])
 
     @cute.jit
     def kloop_wgmma(self, acc, state, n: cutlass.Constexpr[int]):
@@ -194,7 +199,7 @@ class WgmmaMainloop:
         warps (``pipe``), no CTA barrier: :meth:`ktile_pipelined`.
         """
         reuse = self.wg_chunks() - 1
-        if cutlass.const_expr(state[4] is None):
+        if cutlass.const_expr(state.pipe is None):
             top = reuse if self.overlaps_ktiles() else 0
             for kt in range(self.kt_count):
                 self.ktile_wgmma(acc, state, kt, n, top, reuse)
@@ -223,7 +228,7 @@ class WgmmaMainloop:
         """One k-tile without copy warps: wait (at most ``top`` groups left running), barrier,
         refill, then per chunk: wait (at most ``reuse``), dequantize, fence and issue its four
         wgmmas as one group."""
-        copies, tid, stages = state[3], state[5], self.stages
+        copies, tid, stages = state.copies, state.tid, self.stages
         ahead = self.tiles_ahead()
         cute.arch.cp_async_wait_group(ahead - 1)  # this thread's copies of k-tile kt landed
         # Groups still running are k-tile kt - 1's: the slot refilled next is not theirs. The
@@ -251,7 +256,7 @@ class WgmmaMainloop:
         ``reuse`` groups left running), scale, fence and issue its four wgmmas as one group.
         Once k-tile ``kt - 1``'s groups are done (the wait before the last chunk), each thread
         releases that slot on its ``empty`` barrier."""
-        pipe, stages, chunks = state[4], self.stages, self.wg_chunks()
+        pipe, stages, chunks = state.pipe, self.stages, self.wg_chunks()
         slot = kt % stages
         self.wait_full(pipe, kt)
         for ci in cutlass.range_constexpr(chunks):
@@ -273,7 +278,7 @@ class WgmmaMainloop:
         A k16 step's A fragment is k ``16s + 2c``, ``+ 1``, ``+ 8``, ``+ 9`` of the chunk's rows
         (byte ``c`` of words ``2s`` and ``2s + 1`` of an ``nk`` row's 32-byte chunk; the lane's
         own 8 bytes in ``n64k128``), dequantized like the ``mma.sync`` path's B operand."""
-        _, s_wv, s_s16, _, _, tid, sel, mask = state
+        s_wv, s_s16, tid, sel, mask = state.s_wv, state.s_s16, state.tid, state.sel, state.mask
         c = tid % 4
         wgs, _, wg, v, g = self.warpgroup_coords(tid)
         r0 = (wg + ci * wgs) * 64 + v * 16 + g
@@ -312,7 +317,7 @@ class WgmmaMainloop:
     ):
         """Scale chunk ``ci``'s operands (:meth:`chunk_operands`) into its A registers, fence, and
         issue its four wgmmas of ``n`` block rows on ring slot ``slot`` as one group."""
-        desc_lo = state[0]
+        desc_lo = state.desc_lo
         ab = "bf16" if self.element is cutlass.BFloat16 else "f16"
         frags = [tuple(scaled(q, sp, self.elem_name) for q, sp in pairs) for pairs in ops]
         # One fence for the chunk's four A fragments: the wgmmas after it chain on the same

@@ -92,6 +92,7 @@ from ._base import AotKernel, dsl_dtype
 from ._ptx import cp_async_4, cp_async_16_l2_256, cp_async_bulk_g2s
 from ._w4a16_dequant import DTYPES, nibble_mask
 from ._w4a16_mma import MmaSyncMainloop
+from ._w4a16_tile import OutTile
 from ._w4a16_wgmma import WgmmaMainloop
 from .route_pack import HEADER_WORDS, scratch_bounds, scratch_words
 
@@ -637,24 +638,10 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         row0 = expert * self.n + nt * tn
         w_src = row0 * k32
         slab = (atom_s, g_s, s_s, row0)
+        tile = OutTile(m_out, sc, rows, reach, nt)
         if cutlass.const_expr(self.copy_warps):
             copies = (atom_a, g_a, s_a, None, None, g_w, s_w, w_src, None)
-            self.split_roles(
-                m_out,
-                sc,
-                rows,
-                reach,
-                row_routes,
-                nt,
-                base,
-                s_wv,
-                s_s16,
-                s_base,
-                copies,
-                slab,
-                num_tokens,
-                tid,
-            )
+            self.split_roles(tile, row_routes, base, s_wv, s_s16, s_base, copies, slab, num_tokens, tid)
         else:
             # This thread's activation rows: gathered token offsets, and whether to load them.
             a_src = self.activation_sources(tid, reach, row_routes)
@@ -686,11 +673,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             mask = nibble_mask(num_tokens)  # the dequant's nibble mask, held in a register
             if cutlass.const_expr(self.uses_wgmma()):
                 self.mainloop_wgmma(
-                    m_out,
-                    sc,
-                    rows,
-                    reach,
-                    nt,
+                    tile,
                     base,
                     s_wv,
                     s_s16,
@@ -708,10 +691,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
                     + (((lane // 16) ^ (lane % 8)) * 16)
                 )
                 self.mainloop_mma(
-                    m_out,
-                    sc,
-                    rows,
-                    nt,
+                    tile,
                     (a_row0, s_a32, s_wv, s_s16, s_se, mma, mask),
                     (atom_a, g_a, s_a, a_src, staged, g_w, s_w, w_src, mbar),
                     (tid, part, rank, k0, smem),
@@ -742,23 +722,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             )
 
     @cute.jit
-    def split_roles(
-        self,
-        m_out,
-        sc,
-        rows: Int32,
-        reach: Int32,
-        row_routes,
-        nt: Int32,
-        base,
-        s_wv,
-        s_s16,
-        s_base,
-        copies,
-        slab,
-        num_tokens,
-        tid,
-    ):
+    def split_roles(self, tile, row_routes, base, s_wv, s_s16, s_base, copies, slab, num_tokens, tid):
         """``copy_warps``: the warps past the ``cta_threads`` compute threads issue every copy
         (:meth:`produce`), the compute warpgroups only wait, dequantize, issue ``wgmma`` and
         store. No CTA barrier per k-tile: ring slot ``s`` changes hands on two mbarriers past
@@ -780,11 +744,11 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         # thread to the compute warpgroups (setmaxnreg), which need more than an even share.
         if tid >= self.cta_threads:
             cute.arch.setmaxregister_decrease(COPY_REGISTERS)
-            self.produce(reach, row_routes, copies, slab, full, tid - self.cta_threads)
+            self.produce(tile.reach, row_routes, copies, slab, full, tid - self.cta_threads)
         else:
             cute.arch.setmaxregister_increase(self.compute_registers())
             mask = nibble_mask(num_tokens)
-            self.mainloop_wgmma(m_out, sc, rows, reach, nt, base, s_wv, s_s16, copies, tid, mask, pipe=full)
+            self.mainloop_wgmma(tile, base, s_wv, s_s16, copies, tid, mask, pipe=full)
 
     @cute.jit
     def produce(self, reach: Int32, row_routes, copies, slab, full, tid: Int32):
