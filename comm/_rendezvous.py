@@ -72,13 +72,13 @@ def _recv_frame(sock: socket.socket, deadline: _Deadline) -> tuple[bytes, int, b
     return kind, round_, _recv(sock, length, deadline)
 
 
-def _pending_refusal(sock: socket.socket) -> str | None:
+def _pending_refusal(sock: socket.socket) -> tuple[bytes, int, bytes] | None:
     """The hub's refusal (an ``E`` frame) already in ``sock``, if one is there to read."""
     try:
-        kind, _, body = _recv_frame(sock, _Deadline(0.5))
+        frame = _recv_frame(sock, _Deadline(0.5))
     except OSError:
         return None
-    return body.decode(errors="replace") if kind == b"E" else None
+    return frame if frame[0] == b"E" else None
 
 
 class UnixSocketRendezvous:
@@ -236,14 +236,13 @@ class UnixSocketRendezvous:
                 _send_frame(hub, b"D", round_, data, deadline)
             except OSError:
                 # The hub may have refused this rank and hung up before the data went out: its
-                # reason then waits in the socket.
-                reason = _pending_refusal(hub)
-                if reason is not None:
-                    raise RendezvousError(self.rank, f"rank 0 gave up: {reason}") from None
-                raise
-            kind, got_round, body = _recv_frame(hub, deadline)
-        except RendezvousError:
-            raise
+                # refusal then waits in the socket, and is reported as any other.
+                refusal = _pending_refusal(hub)
+                if refusal is None:
+                    raise
+                kind, got_round, body = refusal
+            else:
+                kind, got_round, body = _recv_frame(hub, deadline)
         except TimeoutError:
             raise RendezvousError(
                 self.rank,
