@@ -274,53 +274,51 @@ def test_weight_layouts_give_the_same_results(gpu_registry, device_arch: str) ->
             assert one_rounding_apart(atoms, rows), f"n64k128 decode strays from nk: {p} m={m}"
 
 
-def test_tail_rows_give_the_bits_of_their_own_blocks(gpu_registry, device_arch: str) -> None:
-    # tail_rows only moves an expert's short last block into the CTAs of the block before it
-    # (a wider wgmma over the same k-loop): each output takes the same wgmmas in the same k
-    # order, so the bits of the tail_rows 0 twin. Per-expert route counts around the 128-row
-    # blocks: 129 and 144 ride along, 145 and 300 do not, 128 has no last partial block, 257
-    # rides along after two full blocks, 16 alone has no block before it, and 136, the last
-    # expert's, rides along into the last block in use when no invalid route follows it (1,256
-    # routes: 157 tokens of 8) and before the invalid routes' block when 3 padding tokens do.
-    # A graph replays the riding blocks too.
-    pairs = _registry_twins(
-        gpu_registry,
-        device_arch,
+# Twins that compute riding blocks (an expert's short last block taken along by the block
+# before it) with the same wgmmas in the same k order: (which variants, what the skip names,
+# the twin's params).
+RIDING_TWINS = {
+    # tail_rows only moves an expert's short last block into the CTAs of the block before it (a
+    # wider wgmma over the same k-loop).
+    "tail_rows": (
         lambda p: p.get("tail_rows", 0) > 0,
         "tail_rows variant with a tail_rows 0 twin",
-        tail_rows=0,
-    )
-    _riding_twins_agree(gpu_registry, device_arch, pairs, "tail_rows vs 0")
-
-
-def test_the_256_wide_tile_gives_the_bits_of_the_128_wide_one(gpu_registry, device_arch: str) -> None:
+        {"tail_rows": 0},
+    ),
     # Two warpgroups of two m64 chunks share one activation tile where the 128-wide tile has one
     # warpgroup of two: each chunk's wgmmas, their order and the riding blocks are the same.
-    pairs = _registry_twins(
-        gpu_registry,
-        device_arch,
+    "tile_n_256": (
         lambda p: p["tile_n"] == 256,
         "256-wide variant with a 128-wide twin",
-        tile_n=128,
-        cta_threads=128,
-        stages=4,
-    )
-    _riding_twins_agree(gpu_registry, device_arch, pairs, "tile_n 256 vs 128")
-
-
-def test_copy_warps_give_the_bits_of_their_twins(gpu_registry, device_arch: str) -> None:
+        {"tile_n": 128, "cta_threads": 128, "stages": 4},
+    ),
     # A copy warpgroup changes who issues the copies and how a ring slot changes hands
-    # (mbarriers, no CTA barrier per k-tile), not the compute warps' wgmmas or their order: the
-    # bits of the copy_warps 0 twin, on routes crafted around riding blocks and on random ones at
-    # 3, 64 and 4,096 tokens (ring slots reused many times over); a graph replays one.
-    pairs = _registry_twins(
-        gpu_registry,
-        device_arch,
+    # (mbarriers, no CTA barrier per k-tile), not the compute warps' wgmmas or their order.
+    "copy_warps": (
         lambda p: p.get("copy_warps", 0) > 0,
         "copy-warp variant with a copy_warps 0 twin",
-        copy_warps=0,
-    )
-    _riding_twins_agree(gpu_registry, device_arch, pairs, "copy_warps vs 0")
+        {"copy_warps": 0},
+    ),
+}
+
+
+@pytest.mark.parametrize("twin", list(RIDING_TWINS))
+def test_riding_twins_give_the_same_bits(gpu_registry, device_arch: str, twin: str) -> None:
+    # Per-expert route counts around the 128-row blocks: 129 and 144 ride along, 145 and 300 do
+    # not, 128 has no last partial block, 257 rides along after two full blocks, 16 alone has
+    # no block before it, and 136, the last expert's, rides along into the last block in use
+    # when no invalid route follows it (1,256 routes: 157 tokens of 8) and before the invalid
+    # routes' block when 3 padding tokens do. A graph replays the riding blocks too.
+    keep, what, change = RIDING_TWINS[twin]
+    pairs = _registry_twins(gpu_registry, device_arch, keep, what, **change)
+    _riding_twins_agree(gpu_registry, device_arch, pairs, f"{twin} vs its twin")
+
+
+def test_copy_warps_give_the_bits_of_their_twins_at_any_size(gpu_registry, device_arch: str) -> None:
+    # Beyond the riding blocks: random routes at 3, 64 and 4,096 tokens (ring slots reused many
+    # times over) give the copy_warps 0 twin's bits.
+    keep, what, change = RIDING_TWINS["copy_warps"]
+    pairs = _registry_twins(gpu_registry, device_arch, keep, what, **change)
     gen = torch.Generator(device="cuda").manual_seed(37)
     for p, m, plain, split in _twin_outputs(gpu_registry, device_arch, pairs, (3, 64, 4096), gen):
         assert same_bits(plain, split), f"copy_warps vs 0: {p} m={m}"
