@@ -87,8 +87,9 @@ class WgmmaMainloop:
         same wgmmas in the same order whatever the CTA size, so ``cta_threads`` never changes a
         result bit. ``tile``: an :class:`~._w4a16_tile.OutTile`; past ``block_m`` rows of
         reach, the wgmmas take ``block_m + tail_rows`` rows. ``mask``: the dequant's nibble
-        mask register (:func:`~._w4a16_dequant.nibble_mask`). ``pipe``: with copy warps, the ring's ``full`` mbarriers,
-        then its ``empty`` ones (:meth:`~.w4a16.W4A16.split_roles`); ``copies`` is then unused.
+        mask register (:func:`~._w4a16_dequant.nibble_mask`). ``pipe``: with copy warps, the
+        ring's ``full`` mbarriers, then its ``empty`` ones (:meth:`~.w4a16.W4A16.split_roles`);
+        ``copies`` is then unused.
         """
         bm = self.bm
         c = tid % 4

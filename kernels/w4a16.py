@@ -614,6 +614,8 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         if cutlass.const_expr(not self.lane_pieces):
             s_wv = self.vectors(cute.recast_ptr(w_base, dtype=Uint32), 4, stages * tn * qw)
         s_base = smem + self.split * self.ring_bytes
+        # Past the scale slab: the ring's mbarriers (bulk weight copies, or copy warps).
+        mbars = cute.recast_ptr(s_base + tn * self.srow * 2, dtype=Int64)
         s_s = self.vectors(cute.recast_ptr(s_base, dtype=elem), 8, tn * self.srow // 8)
         s_s16 = self.tensor(cute.recast_ptr(s_base, dtype=Uint16), tn * self.srow)
         s_se = self.tensor(cute.recast_ptr(s_base, dtype=elem), tn * self.srow)
@@ -641,7 +643,7 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
         tile = OutTile(m_out, sc, rows, reach, nt)
         if cutlass.const_expr(self.copy_warps):
             copies = (atom_a, g_a, s_a, None, None, g_w, s_w, w_src, None)
-            self.split_roles(tile, row_routes, base, s_wv, s_s16, s_base, copies, slab, num_tokens, tid)
+            self.split_roles(tile, row_routes, base, s_wv, s_s16, mbars, copies, slab, num_tokens, tid)
         else:
             # This thread's activation rows: gathered token offsets, and whether to load them.
             a_src = self.activation_sources(tid, reach, row_routes)
@@ -652,13 +654,12 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
 
             mbar = None  # this part's slot mbarriers, where weights arrive by bulk copies
             if cutlass.const_expr(self.bulk):
-                first = cute.recast_ptr(s_base + tn * self.srow * 2, dtype=Int64)
                 if tid_all == 0:
                     for b in cutlass.range_constexpr(self.split * stages):
-                        cute.arch.mbarrier_init(first + b, 1)  # the producer's arrive, plus the bytes
+                        cute.arch.mbarrier_init(mbars + b, 1)  # the producer's arrive, plus the bytes
                     cute.arch.mbarrier_init_fence()
                 cute.arch.sync_threads()
-                mbar = first + part * stages
+                mbar = mbars + part * stages
 
             # The block's scale slab, once, by every thread, in the same commit group as k-tile 0.
             self.copy_slab(slab, tid_all, self.cta_threads)
@@ -722,18 +723,18 @@ class W4A16(AotKernel, MmaSyncMainloop, WgmmaMainloop):
             )
 
     @cute.jit
-    def split_roles(self, tile, row_routes, base, s_wv, s_s16, s_base, copies, slab, num_tokens, tid):
+    def split_roles(self, tile, row_routes, base, s_wv, s_s16, full, copies, slab, num_tokens, tid):
         """``copy_warps``: the warps past the ``cta_threads`` compute threads issue every copy
         (:meth:`produce`), the compute warpgroups only wait, dequantize, issue ``wgmma`` and
         store. No CTA barrier per k-tile: ring slot ``s`` changes hands on two mbarriers past
         the scale slab, ``full[s]`` (each copying thread arrives once its copies into the slot
         landed) and ``empty[s] = full[stages + s]`` (each compute thread arrives once the
         wgmmas that read the slot, and its own weight loads from it, are done). The compute
-        warps run the same wgmmas in the same order as without copy warps: the same bits."""
+        warps run the same wgmmas in the same order as without copy warps: the same bits.
+        ``full``: the mbarriers past the scale slab."""
         if cutlass.const_expr(not self.uses_wgmma()):
             raise ValueError("copy_warps > 0 needs a wgmma tile (sm_90a, see uses_wgmma)")
         stages = self.stages
-        full = cute.recast_ptr(s_base + self.tn * self.srow * 2, dtype=Int64)
         if tid == 0:
             for s in cutlass.range_constexpr(stages):
                 cute.arch.mbarrier_init(full + s, self.copiers)
