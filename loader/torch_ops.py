@@ -256,10 +256,14 @@ class MoeW4A16Op(_RegistryOp):
     # (block_m, tile_n, tile_k, stages, cta_threads, split_k, k_ctas, w_copy, tail_rows,
     # copy_warps), best first, per regime; the spec builds the split-k tiles only for the long-k
     # shapes, where they help, and bulk weight copies only on n64k128 weights, so the first tile
-    # the registry holds for a problem is its best. Bulk copies lead every decode regime but cluster2, where they gained
-    # nothing (an H200, against the cp.async twin: decode 1.19x on FC2 at 16 tokens, and the
-    # 128-wide bulk tile beats FC1's two-part split-k tile 1.13x at 4 tokens, 1.14x at 16; tiny
-    # 1.10x on FC1 at 1 token, 1.15x on N 384 at 16; cluster4 1.02-1.04x; cluster2 0.99-1.00x).
+    # the registry holds for a problem is its best. Bulk copies lead every decode regime (an
+    # H200, against the cp.async twin: decode 1.19x on FC2 at 16 tokens, and the 128-wide bulk
+    # tile beats FC1's two-part split-k tile 1.13x at 4 tokens, 1.14x at 16; tiny 1.10x on FC1
+    # at 1 token, 1.15x on N 384 at 16; cluster4 1.02-1.04x). Four k-parts of one warp with
+    # 2-stage rings, built with bulk copies only, lead cluster2 (in clusters of 2), tiny and
+    # decode (64 wide) and resident (128 wide): on an H200 over the tiles these regimes took
+    # before, N 256 1.03-1.13x and N 384 1.09-1.11x at 4-16 tokens, FC1 1.01-1.07x at 1-16
+    # (three runs in one process); nk weights take the tiles after them.
     # prefill_tail leads with tiles whose CTAs take an expert's short last block along
     # (tail_rows 16): 1.08-1.20x on FC1 / FC2 when experts average 128 routes, but 0.94-0.96x
     # where no last block is that short (an H200, 4,096 / 1,024 and 2,048 tokens, topk 8). The
@@ -270,7 +274,10 @@ class MoeW4A16Op(_RegistryOp):
     # over it FC2 1.00-1.11x, FC1 1.00-1.02x, N 256 0.99-1.02x (five runs). Every riding tile
     # rides as _RIDER says.
     _DECODE = tuple((16, 128, 128, 3, threads, 1, 1, "cp_async", 0, 0) for threads in (128, 256, 512))
+    # Four k-parts of one warp, 2-stage rings, bulk copies (n64k128 weights, k 7168)
+    _PARTS4 = (16, 64, 128, 2, 128, 4, 1, "bulk", 0, 0)
     _TINY = (
+        _PARTS4,
         (16, 64, 128, 3, 256, 4, 1, "bulk", 0, 0),
         (16, 64, 128, 3, 256, 4, 1, "cp_async", 0, 0),
         *_DECODE,
@@ -287,9 +294,15 @@ class MoeW4A16Op(_RegistryOp):
             (16, 64, 128, 3, 128, 2, 4, "cp_async", 0, 0),
             *_TINY,
         ),
-        "cluster2": ((16, 64, 128, 3, 128, 2, 2, "cp_async", 0, 0), *_TINY),
+        "cluster2": (
+            (16, 64, 128, 2, 128, 4, 2, "bulk", 0, 0),
+            (16, 64, 128, 3, 128, 2, 2, "cp_async", 0, 0),
+            *_TINY,
+        ),
         "tiny": _TINY,
+        "resident": ((16, 128, 128, 2, 128, 4, 1, "bulk", 0, 0), *_TINY),
         "decode": (
+            _PARTS4,
             (16, 128, 128, 3, 128, 1, 1, "bulk", 0, 0),
             (16, 64, 128, 3, 128, 2, 1, "cp_async", 0, 0),
             *_DECODE,
@@ -324,8 +337,10 @@ class MoeW4A16Op(_RegistryOp):
     _RIDER: ClassVar[Mapping[str, Any]] = dict(zip(TILE_PARAMS, TILES["prefill_tail"][0], strict=True))
     PACK_THREADS, PACK_ROUTES = 512, 1024
     # Decode regimes by 128-wide tiles per SM, below each bound (measured on an H200): clusters
-    # of 4 CTAs per tile, of 2, the split-k tile alone, then the decode tiles
-    DECODE_REGIMES = (("cluster4", 0.25), ("cluster2", 0.75), ("tiny", 3.0))
+    # of 4 CTAs per tile, of 2, the split-k tiles alone, then the decode tiles. Between 1.5
+    # and 2, the 128-wide four-part tile's CTAs (two per SM fit) are all resident at once, where
+    # the 64-wide one's (twice as many, three per SM fit) are not.
+    DECODE_REGIMES = (("cluster4", 0.25), ("cluster2", 0.75), ("tiny", 1.5), ("resident", 2.0), ("tiny", 3.0))
     # prefill_tail when at least this share of experts is expected to end on a block of at
     # most 16 routes (see riding): 0.42 at 128 routes per expert (1.10-1.15x), 0.34 at
     # 256 (1.04x), none at 32 or 64 (0.94-0.96x)
@@ -349,18 +364,24 @@ class MoeW4A16Op(_RegistryOp):
         super().__init__(registry, abi=abi, namespace=namespace)
 
     def regime(self, tokens: int, *, routes: int, experts: int, n: int, device: int) -> str:
-        """For a decode batch, the first of :attr:`DECODE_REGIMES` whose bound the launch's
-        128-wide tiles per SM (at most one per touched expert) are under, else ``decode``;
-        ``mid`` or ``prefill`` by tokens above, ``prefill_tail`` when experts are expected to
-        end on short blocks often enough (:meth:`riding` at :attr:`TAIL_SHARE`)."""
+        """:meth:`decode_regime` for a decode batch (on this device's SMs); ``mid`` or
+        ``prefill`` by tokens above, ``prefill_tail`` when experts are expected to end on short
+        blocks often enough (:meth:`riding` at :attr:`TAIL_SHARE`)."""
         if tokens <= self.decode_tokens:
             if device not in self._sms:
                 self._sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
-            per_sm = min(routes, experts) * (n // 128) / self._sms[device]
-            return next((name for name, bound in self.DECODE_REGIMES if per_sm < bound), "decode")
+            return self.decode_regime(tokens, routes // max(tokens, 1), experts, n, sms=self._sms[device])
         if tokens <= self.prefill_tokens:
             return "mid"
         return "prefill_tail" if self.riding(routes, experts) >= self.TAIL_SHARE else "prefill"
+
+    @classmethod
+    def decode_regime(cls, tokens: int, topk: int, experts: int, n: int, *, sms: int) -> str:
+        """The first of :attr:`DECODE_REGIMES` whose bound the launch's 128-wide tiles per SM
+        (one per expert the batch is expected to touch: :func:`touched_experts`) are under,
+        else ``decode``."""
+        per_sm = touched_experts(tokens, topk, experts) * (n // 128) / sms
+        return next((name for name, bound in cls.DECODE_REGIMES if per_sm < bound), "decode")
 
     @classmethod
     def riding(cls, routes: int, experts: int) -> float:
@@ -415,7 +436,7 @@ class MoeW4A16Op(_RegistryOp):
         tokens = a.shape[0]
         regimes: Sequence[str | None] = (None,)
         if tokens <= self.decode_tokens:
-            regimes = (*(name for name, _ in self.DECODE_REGIMES), "decode")
+            regimes = (*dict.fromkeys(name for name, _ in self.DECODE_REGIMES), "decode")
         elif tokens > self.prefill_tokens:
             regimes = ("prefill", "prefill_tail")
         for regime in regimes:
@@ -461,6 +482,14 @@ class MoeW4A16Op(_RegistryOp):
         output_dtype: torch.dtype,
     ) -> torch.Tensor:
         return self.op(a, w, scales, route_ids, num_experts, output_dtype)
+
+
+def touched_experts(tokens: int, topk: int, experts: int) -> float:
+    """The expected number of ``experts`` that ``tokens`` tokens route to, each to ``topk``
+    distinct experts picked uniformly."""
+    if tokens <= 0 or experts <= 0:
+        return 0.0
+    return experts * (1.0 - (1.0 - min(topk, experts) / experts) ** tokens)
 
 
 @functools.lru_cache(maxsize=256)  # the op asks once per prefill call, mostly for a few batch sizes

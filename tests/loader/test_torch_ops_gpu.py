@@ -223,8 +223,8 @@ def test_moe_w4a16_cluster_regimes_match_the_reference_eager_and_in_graphs(gpu_r
 def test_moe_w4a16_op_on_n64k128_weights_gives_the_nk_results(gpu_registry) -> None:
     # The op built for atom-ordered weights takes the first tile of each regime, the one for
     # nk rows the first without bulk weight copies (which only n64k128 variants have): on an
-    # H200, the four-part split-k tile at 1 token (bulk copies on n64k128), the 128-wide bulk
-    # tile (n64k128) and the two-part split-k tile (nk) at 16, the tail_rows prefill tile for
+    # H200, the 2-stage four-part split-k tile at 1 and 16 tokens (n64k128), the 3-stage
+    # four-part one at 1 and the two-part one at 16 (nk), the tail_rows prefill tile for
     # both at 512 (32 experts: prefill_tail). The prefill tile gives the same bits; decode
     # tiles sum other k's per MMA step in each order, so their fp32 sums may differ in the
     # last bits: one bf16 rounding step apart.

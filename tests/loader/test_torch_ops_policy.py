@@ -1,5 +1,6 @@
-"""The moe_w4a16 op's prefill policy, off the GPU: the expected share of experts whose last
-block rides along with the block before it (tail_rows tiles)."""
+"""The moe_w4a16 op's tile policy, off the GPU: for prefill, the expected share of experts
+whose last block rides along with the block before it (tail_rows tiles); for decode, the
+expected experts a batch touches and the regime its tiles per SM put it in."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from b12x_aot.loader.torch_ops import MoeW4A16Op, riding_share
+from b12x_aot.loader.torch_ops import MoeW4A16Op, riding_share, touched_experts
 
 
 def _exact_share(routes: int, experts: int, block_m: int, tail: int) -> float:
@@ -42,3 +43,45 @@ def test_prefill_tail_where_experts_average_one_block_and_a_little() -> None:
     # a shorter tail catches fewer last blocks
     wide, short = (riding_share(4096 * 8, 256, block_m=64, tail_rows=t) for t in (16, 8))
     assert wide > short > 0
+
+
+@pytest.mark.parametrize(
+    ("tokens", "topk", "experts"), [(1, 8, 256), (4, 8, 256), (16, 8, 256), (16, 8, 25), (3, 4, 7)]
+)
+def test_touched_experts_matches_uniform_routing(tokens: int, topk: int, experts: int) -> None:
+    # Each token picks topk distinct experts uniformly: the mean number touched over many draws.
+    import torch
+
+    gen = torch.Generator().manual_seed(5)
+    draws = 4000
+    picks = torch.rand(draws, tokens, experts, generator=gen).topk(topk, dim=2).indices
+    hit = torch.zeros(draws, experts, dtype=torch.bool)
+    hit.scatter_(1, picks.reshape(draws, -1), True)
+    mean = hit.sum(1).double().mean().item()
+    assert touched_experts(tokens, topk, experts) == pytest.approx(mean, rel=0.01)
+    assert touched_experts(0, topk, experts) == touched_experts(tokens, topk, 0) == 0.0
+
+
+def test_decode_regimes_on_132_sms() -> None:
+    # The cells measured on an H200 (132 SMs, 256 experts, topk 8): clusters at 1 and 4 tokens
+    # on the narrow shapes, the 128-wide four-part tile where its CTAs are all resident at once
+    # (N 256 at 16 and 20 tokens, N 384 at 12), the split-k tiles around it, the decode tiles
+    # where the launch has three or more 128-wide tiles per SM.
+    cells = {
+        (256, 1): "cluster4",
+        (256, 4): "cluster2",
+        (256, 8): "tiny",
+        (256, 12): "tiny",
+        (256, 16): "resident",
+        (256, 20): "resident",
+        (384, 1): "cluster4",
+        (384, 4): "cluster2",
+        (384, 8): "tiny",
+        (384, 12): "resident",
+        (384, 16): "tiny",
+        (2048, 1): "tiny",
+        (2048, 4): "decode",
+        (7168, 16): "decode",
+    }
+    got = {(n, t): MoeW4A16Op.decode_regime(t, 8, 256, n, sms=132) for n, t in cells}
+    assert got == cells
