@@ -242,9 +242,9 @@ class MoeW4A16Op(_RegistryOp):
     ``n64k128`` atoms that :func:`w4a16_weights` makes (faster). Nothing in the
     tensors tells the two apart: weights in the other order give wrong results, not an error.
     The tile follows the batch: decode tiles (``block_m`` 16) for up to ``decode_tokens``
-    tokens (split-k ones when the launch would have few tiles per SM: a few tokens route to
-    a handful of experts, or the shape is narrow; below 3/4 of a 128-wide tile per SM, clusters
-    of CTAs split each tile's k too), prefill tiles above ``prefill_tokens`` (``prefill_tail``
+    tokens (on the long-k shapes split-k ones, four one-warp k-parts, 128 wide where all the
+    launch's CTAs then fit on the SMs at once; below 3/4 of a 128-wide tile per SM, clusters
+    of CTAs split each tile's k too: :attr:`DECODE_REGIMES`), prefill tiles above ``prefill_tokens`` (``prefill_tail``
     ones when many experts are expected to end on a short block: :meth:`riding`), mid
     tiles between, each the first the registry holds in :attr:`TILES` order. Tiles sum in different fp32 orders, so a token's
     output bits can differ between batch sizes that pick different tiles (every tile meets the
@@ -274,8 +274,10 @@ class MoeW4A16Op(_RegistryOp):
     # over it FC2 1.00-1.11x, FC1 1.00-1.02x, N 256 0.99-1.02x (five runs). Every riding tile
     # rides as _RIDER says.
     _DECODE = tuple((16, 128, 128, 3, threads, 1, 1, "cp_async", 0, 0) for threads in (128, 256, 512))
-    # Four k-parts of one warp, 2-stage rings, bulk copies (n64k128 weights, k 7168)
+    # Four k-parts of one warp, 2-stage rings, bulk copies (n64k128 weights, k 7168): 64 and
+    # 128 wide
     _PARTS4 = (16, 64, 128, 2, 128, 4, 1, "bulk", 0, 0)
+    _PARTS4_128 = (16, 128, 128, 2, 128, 4, 1, "bulk", 0, 0)
     _TINY = (
         _PARTS4,
         (16, 64, 128, 3, 256, 4, 1, "bulk", 0, 0),
@@ -300,7 +302,7 @@ class MoeW4A16Op(_RegistryOp):
             *_TINY,
         ),
         "tiny": _TINY,
-        "resident": ((16, 128, 128, 2, 128, 4, 1, "bulk", 0, 0), *_TINY),
+        "resident": (_PARTS4_128, *_TINY),
         "decode": (
             _PARTS4,
             (16, 128, 128, 3, 128, 1, 1, "bulk", 0, 0),
@@ -336,10 +338,11 @@ class MoeW4A16Op(_RegistryOp):
     # prefill_tail's lead tile by param: the block_m and tail_rows that riding reads
     _RIDER: ClassVar[Mapping[str, Any]] = dict(zip(TILE_PARAMS, TILES["prefill_tail"][0], strict=True))
     PACK_THREADS, PACK_ROUTES = 512, 1024
-    # Decode regimes by 128-wide tiles per SM, below each bound (measured on an H200): clusters
-    # of 4 CTAs per tile, of 2, the split-k tiles alone, then the decode tiles. Between 1.5
-    # and 2, the 128-wide four-part tile's CTAs (two per SM fit) are all resident at once, where
-    # the 64-wide one's (twice as many, three per SM fit) are not.
+    # Decode regimes by 128-wide tiles per SM (measured on an H200): ordered bands, each below
+    # its bound, so a name may repeat (not a name -> bound map). Clusters of 4 CTAs per tile,
+    # of 2, split-k tiles without clusters, then the decode tiles. Between 1.5 and 2, the
+    # 128-wide four-part tile's CTAs (two per SM fit) are all resident at once, where the
+    # 64-wide one's (twice as many, three per SM fit) are not.
     DECODE_REGIMES = (("cluster4", 0.25), ("cluster2", 0.75), ("tiny", 1.5), ("resident", 2.0), ("tiny", 3.0))
     # prefill_tail when at least this share of experts is expected to end on a block of at
     # most 16 routes (see riding): 0.42 at 128 routes per expert (1.10-1.15x), 0.34 at

@@ -11,7 +11,9 @@ from .w4a16_cases import Case, prepared, route_pack_for
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("cutlass")
-pytestmark = [pytest.mark.gpu, pytest.mark.dsl]
+# The 128-wide four-part decode tile sums its parts in a 64-iteration trace-time loop, which the
+# DSL advises against for compile time; under warnings-as-errors that advice would fail the trace.
+pytestmark = [pytest.mark.gpu, pytest.mark.dsl, pytest.mark.filterwarnings("ignore:This static loop has")]
 
 
 def test_aot_equals_jit(gpu_registry, device_arch) -> None:

@@ -137,16 +137,22 @@ def test_moe_w4a16_op_eager_graph_and_compile(gpu_registry) -> None:
 
 
 def test_moe_w4a16_preload_covers_every_decode_batch(gpu_registry) -> None:
-    # One preload at 16 tokens (the decode regime); a 1-token batch picks the split-k tile (its
+    # One preload at 16 tokens (the decode regime); a 1-token batch picks a split-k regime (its
     # few experts' tiles would leave the SMs idle) and still loads nothing during capture.
-    # Enough resident experts that 16 tokens fill the SMs with 128-wide tiles on this GPU.
+    # The fewest resident experts that 16 tokens are expected to fill the SMs from on this GPU.
     from b12x_aot.loader.torch_ops import MoeW4A16Op
 
     k, topk = K, TOPK
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    bound = int(MoeW4A16Op.DECODE_REGIMES[-1][1] * sms)  # 128-wide tiles below it: a split-k regime
-    experts = -(-bound // (N // 128))
-    if experts > 16 * topk or topk * (N // 128) >= bound:
+    experts = next(
+        (
+            e
+            for e in range(topk, 16 * topk + 1)
+            if MoeW4A16Op.decode_regime(16, topk, e, N, sms=sms) == "decode"
+        ),
+        None,
+    )
+    if experts is None or MoeW4A16Op.decode_regime(1, topk, experts, N, sms=sms) == "decode":
         pytest.skip(f"no expert count puts 16 and 1 tokens in different regimes on {sms} SMs")
     op, gen, w, s = moe_op_and_weights(gpu_registry, "b12x_test_moe_preload", 9, experts)
     regimes = [op.regime(m, routes=m * topk, experts=experts, n=N, device=0) for m in (16, 1)]
