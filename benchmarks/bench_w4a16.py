@@ -13,8 +13,8 @@ For every moe.w4a16 variant of the device's arch in the registry (narrowed by ``
   that compute a tile over the SM count. They are equal work, so the busiest SMs run the next
   whole number of them: a launch just past a whole number per SM takes about as long as one at
   the next (on an H200, N 256, the 3-stage four-part tile of 256 threads: 3.15 per SM at 16
-  tokens, 38.0 us, 1.26x the
-  read; 3.76 at 20 tokens, 38.6 us, 1.11x; 2.76 at 14 tokens, 31.1 us, 1.12x), and worst when
+  tokens, 38.0 us, 1.26x the read; 3.76 at 20 tokens, 38.6 us, 1.11x; 2.76 at 14 tokens,
+  31.1 us, 1.12x), and worst when
   more CTAs than fit on the SMs at once leave a few to start late (N 256 at 16 tokens: the
   2-stage four-part tile 64 wide, 3.15 per SM where three fit, 36.7 us, 1.20x; 128 wide, 1.58
   per SM where two fit, 33.5 us, 1.10x).

@@ -366,17 +366,17 @@ class MoeW4A16Op(_RegistryOp):
         self._sms: dict[int, int] = {}
         super().__init__(registry, abi=abi, namespace=namespace)
 
-    def regime(self, tokens: int, *, routes: int, experts: int, n: int, device: int) -> str:
+    def regime(self, tokens: int, *, topk: int, experts: int, n: int, device: int) -> str:
         """:meth:`decode_regime` for a decode batch (on this device's SMs); ``mid`` or
         ``prefill`` by tokens above, ``prefill_tail`` when experts are expected to end on short
         blocks often enough (:meth:`riding` at :attr:`TAIL_SHARE`)."""
         if tokens <= self.decode_tokens:
             if device not in self._sms:
                 self._sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
-            return self.decode_regime(tokens, routes // max(tokens, 1), experts, n, sms=self._sms[device])
+            return self.decode_regime(tokens, topk, experts, n, sms=self._sms[device])
         if tokens <= self.prefill_tokens:
             return "mid"
-        return "prefill_tail" if self.riding(routes, experts) >= self.TAIL_SHARE else "prefill"
+        return "prefill_tail" if self.riding(tokens * topk, experts) >= self.TAIL_SHARE else "prefill"
 
     @classmethod
     def decode_regime(cls, tokens: int, topk: int, experts: int, n: int, *, sms: int) -> str:
@@ -414,9 +414,7 @@ class MoeW4A16Op(_RegistryOp):
             "e_cap": self.e_cap,
             "w_layout": self.w_layout,
         }
-        regime = regime or self.regime(
-            a.shape[0], routes=a.shape[0] * topk, experts=w.shape[0], n=w.shape[1], device=device
-        )
+        regime = regime or self.regime(a.shape[0], topk=topk, experts=w.shape[0], n=w.shape[1], device=device)
         tiles = [{**fixed, **dict(zip(self.TILE_PARAMS, tile, strict=True))} for tile in self.TILES[regime]]
         gemm = self._launch((*fixed.values(), regime, device), device, tiles)
         block_m = gemm.entry.params["block_m"]

@@ -155,7 +155,7 @@ def test_moe_w4a16_preload_covers_every_decode_batch(gpu_registry) -> None:
     if experts is None or MoeW4A16Op.decode_regime(1, topk, experts, N, sms=sms) == "decode":
         pytest.skip(f"no expert count puts 16 and 1 tokens in different regimes on {sms} SMs")
     op, gen, w, s = moe_op_and_weights(gpu_registry, "b12x_test_moe_preload", 9, experts)
-    regimes = [op.regime(m, routes=m * topk, experts=experts, n=N, device=0) for m in (16, 1)]
+    regimes = [op.regime(m, topk=topk, experts=experts, n=N, device=0) for m in (16, 1)]
     assert regimes[0] == "decode" and regimes[1] in dict(MoeW4A16Op.DECODE_REGIMES), regimes
     dtype = torch.bfloat16
     op.preload(torch.zeros(16, k, device="cuda", dtype=dtype), w, s, topk, dtype)
@@ -184,7 +184,7 @@ def test_moe_w4a16_prefill_regimes_follow_the_routes_per_expert_and_preload_toge
     dtype = torch.bfloat16
     sizes = {"prefill": 384, "prefill_tail": 512}
     for regime, m in sizes.items():
-        assert op.regime(m, routes=m * TOPK, experts=EXPERTS, n=N, device=0) == regime
+        assert op.regime(m, topk=TOPK, experts=EXPERTS, n=N, device=0) == regime
         assert (MoeW4A16Op.riding(m * TOPK, EXPERTS) >= MoeW4A16Op.TAIL_SHARE) == (regime == "prefill_tail")
     op.preload(torch.zeros(sizes["prefill"], K, device="cuda", dtype=dtype), w, s, TOPK, dtype)
     loads = gpu_registry.stats.loads
@@ -213,7 +213,7 @@ def test_moe_w4a16_cluster_regimes_match_the_reference_eager_and_in_graphs(gpu_r
     clustered = 0
     for m in (1, 4):
         args, fresh = moe_inputs(m, w, s, gen), moe_inputs(m, w, s, gen)
-        regime = op.regime(m, routes=m * TOPK, experts=experts, n=n, device=0)
+        regime = op.regime(m, topk=TOPK, experts=experts, n=n, device=0)
         _, gemm = op.launches_for(args[0], w, s, TOPK, dtype)
         want_ctas = dict(zip(MoeW4A16Op.TILE_PARAMS, MoeW4A16Op.TILES[regime][0], strict=True))["k_ctas"]
         assert gemm.entry.params["k_ctas"] == want_ctas, (regime, gemm.entry.params)
@@ -245,7 +245,7 @@ def test_moe_w4a16_op_on_n64k128_weights_gives_the_nk_results(gpu_registry) -> N
         ids = torch.randint(-1, EXPERTS, (m, TOPK), device="cuda", generator=gen, dtype=torch.int32)
         want = rows_op(a, w, s, ids, EXPERTS, dtype)
         got = atoms_op(a, atoms, s, ids, EXPERTS, dtype)
-        regime = rows_op.regime(m, routes=m * TOPK, experts=EXPERTS, n=N, device=0)
+        regime = rows_op.regime(m, topk=TOPK, experts=EXPERTS, n=N, device=0)
         picks = {}
         for op, x, layout in ((rows_op, w, "nk"), (atoms_op, atoms, "n64k128")):
             params = op.launches_for(a, x, s, TOPK, dtype)[1].entry.params
