@@ -16,8 +16,9 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
 
-def _eager_graph_compiled(fn, args: tuple, fresh: tuple, check) -> None:
-    """``fn`` eagerly, replayed from a graph over ``fresh`` inputs copied in, and compiled."""
+def _eager_graph_compiled(fn, args: tuple, fresh: tuple, check, *, compiled: bool = True) -> None:
+    """``fn`` eagerly, replayed from a graph over ``fresh`` inputs copied in, and (unless not
+    ``compiled``) under ``torch.compile``."""
     check(fn(*args), args)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -32,8 +33,8 @@ def _eager_graph_compiled(fn, args: tuple, fresh: tuple, check) -> None:
     graph.replay()
     torch.cuda.synchronize()
     check(captured, fresh)
-    compiled = torch.compile(fn, fullgraph=True)
-    check(compiled(*fresh), fresh)
+    if compiled:
+        check(torch.compile(fn, fullgraph=True)(*fresh), fresh)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -224,6 +225,45 @@ def test_moe_w4a16_cluster_regimes_match_the_reference_eager_and_in_graphs(gpu_r
     assert gpu_registry.stats.loads == loads, "a variant was loaded after the preload"
     if not clustered:
         pytest.skip("this GPU's SM count puts neither batch in a cluster regime")
+
+
+def test_moe_w4a16_decode_regimes_on_n64k128_weights_take_their_lead_tiles(gpu_registry) -> None:
+    # On atom-ordered weights each decode regime leads with a bulk-copy tile (the 2-stage
+    # four-part ones: 64 wide in clusters of 2 and alone, 128 wide in `resident`). At the
+    # fewest tokens that pick each regime on this GPU, N 256 and FC1's N 2048 over 32 experts
+    # (an H100 / H200: cluster4 at 1 token and cluster2 at 3 for N 256; tiny at 1, resident
+    # at 2 and decode at 6 for N 2048), the op takes the regime's first held tile and meets
+    # the reference, eagerly and replayed from a graph.
+    from b12x_aot.loader.torch_ops import register_moe_w4a16, w4a16_weights
+
+    op = register_moe_w4a16(gpu_registry, namespace="b12x_test_moe_regimes", w_layout="n64k128")
+    dtype = torch.bfloat16
+    seen = set()
+    for n in (256, N):
+        gen = torch.Generator(device="cuda").manual_seed(14)
+        w, s = random_weights(EXPERTS, n, K, GROUP, dtype, device="cuda", generator=gen)
+        atoms = w4a16_weights(w, "n64k128")
+        firsts: dict[str, int] = {}
+        for m in range(1, op.decode_tokens + 1):
+            firsts.setdefault(op.regime(m, topk=TOPK, experts=EXPERTS, n=n, device=0), m)
+        for regime, m in firsts.items():
+            (a, _, _, ids), (a2, _, _, ids2) = moe_inputs(m, w, s, gen), moe_inputs(m, w, s, gen)
+            picked = op.launches_for(a, atoms, s, TOPK, dtype)[1].entry.params
+            assert tile_of(picked) == first_held(gpu_registry, regime, picked), (n, m, regime, picked)
+            seen.add(regime)
+
+            def check(out, given, w=w) -> None:  # the reference reads nk rows
+                check_moe(out, (given[0], w, given[2], given[3]))
+
+            _eager_graph_compiled(
+                lambda a_, w_, s_, ids_: op.op(a_, w_, s_, ids_, EXPERTS, dtype),
+                (a, atoms, s, ids),
+                (a2, atoms, s, ids2),
+                check,
+                compiled=False,
+            )
+    if torch.cuda.get_device_properties(0).multi_processor_count == 132:  # an H100 / H200
+        assert seen == {"cluster4", "cluster2", "tiny", "resident", "decode"}, seen
 
 
 def test_moe_w4a16_op_on_n64k128_weights_gives_the_nk_results(gpu_registry) -> None:
