@@ -302,6 +302,12 @@ RIDING_TWINS = {
 }
 
 
+def _riding_pairs(gpu_registry, device_arch: str, twin: str) -> list[tuple]:
+    """:func:`_registry_twins` for the :data:`RIDING_TWINS` entry ``twin``."""
+    keep, what, change = RIDING_TWINS[twin]
+    return _registry_twins(gpu_registry, device_arch, keep, what, **change)
+
+
 @pytest.mark.parametrize("twin", list(RIDING_TWINS))
 def test_riding_twins_give_the_same_bits(gpu_registry, device_arch: str, twin: str) -> None:
     # Per-expert route counts around the 128-row blocks: 129 and 144 ride along, 145 and 300 do
@@ -309,16 +315,14 @@ def test_riding_twins_give_the_same_bits(gpu_registry, device_arch: str, twin: s
     # no block before it, and 136, the last expert's, rides along into the last block in use
     # when no invalid route follows it (1,256 routes: 157 tokens of 8) and before the invalid
     # routes' block when 3 padding tokens do. A graph replays the riding blocks too.
-    keep, what, change = RIDING_TWINS[twin]
-    pairs = _registry_twins(gpu_registry, device_arch, keep, what, **change)
+    pairs = _riding_pairs(gpu_registry, device_arch, twin)
     _riding_twins_agree(gpu_registry, device_arch, pairs, f"{twin} vs its twin")
 
 
 def test_copy_warps_give_the_bits_of_their_twins_at_any_size(gpu_registry, device_arch: str) -> None:
     # Beyond the riding blocks: random routes at 3, 64 and 4,096 tokens (ring slots reused many
     # times over) give the copy_warps 0 twin's bits.
-    keep, what, change = RIDING_TWINS["copy_warps"]
-    pairs = _registry_twins(gpu_registry, device_arch, keep, what, **change)
+    pairs = _riding_pairs(gpu_registry, device_arch, "copy_warps")
     gen = torch.Generator(device="cuda").manual_seed(37)
     for p, m, plain, split in _twin_outputs(gpu_registry, device_arch, pairs, (3, 64, 4096), gen):
         assert same_bits(plain, split), f"copy_warps vs 0: {p} m={m}"
