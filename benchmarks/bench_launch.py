@@ -11,7 +11,15 @@ Paths, all launching the same moe.topk_sum variant with tiny work (M=1):
   torch.add   torch.add(a, b, out=c): one torch kernel launch, for scale
 and graph replay: the same launch captured 128 times in a CUDA graph, per node.
 
+With ``--examples-registry`` (a build of ``examples/specs``), the same paths for two kernels
+that take ``cute.Tensor`` arguments, with torch tensors: ``examples.elementwise`` (its host
+function derives tiled extents and strides, so its parameters are computed words) and
+``examples.tensorop_gemm`` (its tensors passed as given). ``bare`` there launches a buffer
+packed once; ``dsl/*`` calls the DSL's compiled function with ``from_dlpack`` tensors.
+
     python benchmarks/bench_launch.py --registry build/kernels.db --json out.json
+    PYTHONPATH=examples python benchmarks/bench_launch.py --registry build/kernels.db \
+        --examples-registry build/examples.db
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--batches", type=int, default=60)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--examples-registry", default=None, help="a build of examples/specs")
     opts = parser.parse_args()
 
     torch.cuda.init()
@@ -94,15 +103,7 @@ def main() -> None:
     a, b, c = (torch.randn(1024, device="cuda") for _ in range(3))
     paths["torch.add"] = lambda: torch.add(a, b, out=c)
 
-    results = {}
-    # Interleave the paths over several rounds so drift affects all of them alike.
-    rounds = 3
-    per_round = max(opts.batches // rounds, 10)
-    for _ in range(rounds):
-        for name, fn in paths.items():
-            r = host_us_per_call(fn, sync, batch=opts.batch, batches=per_round)
-            results.setdefault(name, []).append(r["median_us"])
-    medians = {name: sorted(v)[len(v) // 2] for name, v in results.items()}
+    results, medians = _interleaved(paths, sync, opts)
 
     graph_us = _graph_node_us(launch, tensors, m, stream_t, opts.batch)
     rows = [(name, medians[name]) for name in paths]
@@ -115,6 +116,27 @@ def main() -> None:
     if "dsl/fresh" in medians:
         checks["dsl_fresh_over_2.5x_prepared"] = medians["dsl/fresh"] >= 2.5 * medians["prepared"]
         checks["dsl_reuse_over_1.8x_prepared"] = medians["dsl/reuse"] >= 1.8 * medians["prepared"]
+    tensor_kernels = {}
+    if opts.examples_registry:
+        with Registry.open(opts.examples_registry) as examples:
+            for family, params, shape in TENSOR_KERNELS:
+                name = family.removeprefix("examples.")
+                t_paths = _tensor_paths(examples.kernel(family, 1, **params), name, params, shape, stream)
+                t_rounds, t_medians = _interleaved(t_paths, sync, opts)
+                print(f"\n{family} {params} on {shape}, torch tensors:")
+                print(
+                    ratio_table([(n, t_medians[n]) for n in t_paths], unit="us/launch", base=f"{name}/bare")
+                )
+                bare_us = t_medians[f"{name}/bare"]
+                checks[f"{name}_prepared_within_1.15x_bare"] = t_medians[f"{name}/prepared"] <= 1.15 * bare_us
+                checks[f"{name}_checked_within_2x_bare"] = t_medians[f"{name}/checked"] <= 2 * bare_us
+                tensor_kernels[family] = {
+                    "params": params,
+                    "shape": shape,
+                    "us_per_launch": t_medians,
+                    "rounds": t_rounds,
+                    "ratio_to_bare": {k: v / bare_us for k, v in t_medians.items()},
+                }
     for name, ok in checks.items():
         print(f"{name}: {'yes' if ok else 'NO'}")
     emit(
@@ -125,11 +147,105 @@ def main() -> None:
             "rounds": results,
             "ratio_to_bare": {k: v / medians["bare"] for k, v in medians.items()},
             "graph_us_per_node": graph_us,
+            "tensor_kernels": tensor_kernels,
             "checks": checks,
         },
         opts.json,
     )
     registry.close()
+
+
+def _interleaved(paths: dict, sync, opts) -> tuple[dict, dict]:
+    """Per path, the median host us per call of each round, and the median round; the paths
+    interleave over the rounds so drift affects all of them alike."""
+    results: dict[str, list[float]] = {}
+    rounds = 3
+    per_round = max(opts.batches // rounds, 10)
+    for _ in range(rounds):
+        for name, fn in paths.items():
+            r = host_us_per_call(fn, sync, batch=opts.batch, batches=per_round)
+            results.setdefault(name, []).append(r["median_us"])
+    return results, {name: sorted(v)[len(v) // 2] for name, v in results.items()}
+
+
+# tensor-argument kernels: (family, params, operand shapes (m, n) or (m, n, k))
+TENSOR_KERNELS = [
+    ("examples.elementwise", {"dtype": "fp32", "op": "add", "threads": 128}, (4, 128)),
+    (
+        "examples.tensorop_gemm",
+        {"ab": "fp16", "out": "fp32", "tile_m": 64, "tile_n": 128, "stages": 3},
+        (64, 128, 64),
+    ),
+]
+
+
+def _tensor_paths(kernel, name: str, params: dict, shape: tuple, stream) -> dict:
+    """bare, prepared, checked and (with the DSL) its compiled call, for one tensor kernel."""
+    if len(shape) == 2:
+        tensors = [torch.randn(shape, device="cuda") for _ in range(3)]
+    else:
+        m, n, k = shape
+        tensors = [
+            torch.randn(m, k, device="cuda").half(),
+            torch.randn(n, k, device="cuda").half(),
+            torch.empty(m, n, device="cuda"),
+        ]
+    launch = kernel.prepare()
+    launch(*tensors)  # packs the buffer the bare launch reuses
+    buf = ctypes.create_string_buffer(bytes(launch._buf), launch.layout.size)
+    argv = (ctypes.c_void_p * len(launch.layout.offsets))(
+        *(ctypes.addressof(buf) + o for o in launch.layout.offsets)
+    )
+    argv_addr, func, static = ctypes.addressof(argv), kernel.function(0), kernel.static
+    grid = launch.entry.geometry.grid_of({**params, **dict(zip(("m", "n", "k"), shape, strict=False))})
+
+    def bare() -> None:
+        cu.cuLaunchKernel(func, *grid, *static.block, static.smem, stream, argv_addr, 0)
+
+    paths = {
+        f"{name}/bare": bare,
+        f"{name}/prepared": lambda: launch(*tensors),
+        f"{name}/checked": lambda: launch.checked(*tensors),
+    }
+    paths.update(_dsl_tensor_paths(name, params, tensors, stream))
+    return paths
+
+
+def _dsl_tensor_paths(name: str, params: dict, tensors: list, stream) -> dict:
+    """The DSL's compiled call of the same class, with ``from_dlpack`` tensors."""
+    try:
+        import cutlass
+        import cutlass.cute as cute
+        from cutlass.cute.runtime import from_dlpack
+        from dsl_examples.elementwise import ElementwiseBinary
+        from dsl_examples.tensorop_gemm import TensorOpGemm
+    except ImportError:
+        print("CuTe DSL or examples/ not importable: skipping the dsl/* tensor paths", file=sys.stderr)
+        return {}
+    if name == "elementwise":
+        obj = ElementwiseBinary(op=params["op"], threads=params["threads"])
+
+        def wrap():
+            return [from_dlpack(t).mark_layout_dynamic() for t in tensors]
+    else:
+        obj = TensorOpGemm(
+            cutlass.Float32, (params["tile_m"], params["tile_n"], 32), (2, 2, 1), params["stages"]
+        )
+
+        def wrap():
+            return [
+                from_dlpack(t, assumed_align=16).mark_compact_shape_dynamic(
+                    mode=1, stride_order=(0, 1), divisibility=8
+                )
+                for t in tensors
+            ]
+
+    compiled = cute.compile(obj, *wrap(), stream)
+    reused = wrap()
+    return {
+        f"{name}/dsl/reuse": lambda: compiled(*reused, stream),
+        f"{name}/dsl/fresh": lambda: compiled(*wrap(), stream),
+    }
 
 
 def _graph_node_us(launch, tensors, m: int, stream_t, nodes: int) -> float:

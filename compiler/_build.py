@@ -94,14 +94,14 @@ def run_build(
     def record(outcome: CompileOutcome) -> None:
         v = todo[outcome.variant.key].variant
         if outcome.status == "ok":
-            assert outcome.cubin is not None and outcome.resources is not None and v.static is not None
+            assert outcome.cubin is not None and outcome.resources is not None and outcome.launch is not None
             rec = VariantRecord(
                 variant=v.id,
                 provenance=plan.provenance_of(v),
                 artifact=outcome.cubin,
                 args=tuple(a.to_json() for a in v.args),
-                launch=v.spec.geometry.to_json(),
-                dynamic_smem_bytes=v.static.smem,
+                launch=outcome.launch.launch,
+                dynamic_smem_bytes=outcome.launch.static.smem or 0,
                 resources=outcome.resources,
                 ptxas_version=outcome.ptxas_version,
                 ptxas_flags=outcome.ptxas_flags,

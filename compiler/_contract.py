@@ -1,16 +1,17 @@
 """The AOT launch contract, checked on every compiled cubin before it is recorded.
 
 The cubin's own parameter table (``EIATTR_KPARAM_INFO``: ordinal, offset, size, pointee
-alignment) must equal the C struct that the spec's arguments form, its arch must be the
-variant's, its required thread count the spec's block, and its shared memory must fit the
-arch. A mismatch fails the variant with a message that names the argument and both sides.
+alignment) must equal the C struct of the parameters the host function passes (read from its
+IR, ``_host_launch``), its arch must be the variant's, its required thread count the launch's
+block, and its shared memory must fit the arch. A mismatch fails the variant with a message
+that names the parameter and both sides, and shows the whole table.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from b12x_aot.loader import Arg, ParamLayout, StaticGeometry
+from b12x_aot.loader import Arg, KernelParam, ParamLayout, StaticGeometry
 from b12x_aot.registry import SassHistogram
 
 from ._arch import ARCHS
@@ -21,44 +22,73 @@ from .errors import ContractError
 __all__ = ["check_contract", "check_limits", "undecided_limits"]
 
 
+def _table(kernel: KernelResources, params: Sequence[KernelParam], layout: ParamLayout) -> str:
+    """The cubin's parameter table beside the parameters the host function passes."""
+    rows = []
+    for ordinal in range(max(len(kernel.params), len(params))):
+        got = next((p for p in kernel.params if p.ordinal == ordinal), None)
+        cubin = f"offset {got.offset} size {got.size}" if got is not None else "(none)"
+        if ordinal < len(params):
+            words = ", ".join(w.expr for w in params[ordinal].words) or "no words"
+            host = f"offset {layout.offsets[ordinal]} size {params[ordinal].size}: {words}"
+        else:
+            host = "(none)"
+        rows.append(f"    {ordinal}: cubin {cubin} | host function {host}")
+    return "\n".join(rows)
+
+
 def check_contract(
-    info: CubinInfo, symbol: str, arch: str, args: Sequence[Arg], static: StaticGeometry
+    info: CubinInfo,
+    symbol: str,
+    arch: str,
+    params: Sequence[KernelParam],
+    static: StaticGeometry,
+    args: Sequence[Arg] = (),
 ) -> KernelResources:
-    """Check a cubin against the spec; return its kernel's resources or raise ContractError."""
+    """Check a cubin against the kernel parameters its host function passes (``params``) and
+    the launch's static geometry; return its kernel's resources or raise ContractError. With
+    ``args``, a parameter that is one pointer argument is held to that argument's ``align``."""
     limits = ARCHS[arch]
     if info.sm != limits.sm:
         raise ContractError(f"cubin is for SM {info.sm}, but the variant's arch is {arch} (SM {limits.sm})")
     kernel = info.kernel(symbol)
-    layout = ParamLayout.of(args)
+    layout = ParamLayout.of(params)
     table = {p.ordinal: p for p in kernel.params}
+    aligns = {a.name: a.align for a in args if a.is_pointer}
     problems: list[str] = []
-    if len(kernel.params) != len(args):
-        names = ", ".join(a.name for a in args)
+    if len(kernel.params) != len(params):
         problems.append(
-            f"the spec declares {len(args)} arguments ({names}); the cubin has {len(kernel.params)} parameters"
+            f"the host function passes {len(params)} parameters; the cubin has {len(kernel.params)}"
         )
-    for ordinal, arg in enumerate(args):
+    for ordinal, param in enumerate(params):
         got = table.get(ordinal)
-        want_offset, want_size = layout.offsets[ordinal], layout.sizes[ordinal]
+        want_offset = layout.offsets[ordinal]
         if got is None:
-            problems.append(f"argument {ordinal} {arg.name!r}: not in the cubin's parameter table")
+            problems.append(f"parameter {ordinal}: not in the cubin's parameter table")
             continue
-        if (got.offset, got.size) != (want_offset, want_size):
+        if (got.offset, got.size) != (want_offset, param.size):
             problems.append(
-                f"argument {ordinal} {arg.name!r} ({arg.kind}): spec wants offset {want_offset} size {want_size}, "
-                f"cubin has offset {got.offset} size {got.size}"
+                f"parameter {ordinal}: the host function packs offset {want_offset} size {param.size}, "
+                f"the cubin has offset {got.offset} size {got.size}"
             )
-        elif arg.is_pointer and got.log_align and (1 << got.log_align) != arg.align:
-            problems.append(
-                f"argument {ordinal} {arg.name!r}: spec declares align {arg.align}, kernel assumes {1 << got.log_align}"
-            )
+        elif len(param.words) == 1 and param.words[0].expr in aligns and got.log_align:
+            align = aligns[param.words[0].expr]
+            if (1 << got.log_align) != align:
+                problems.append(
+                    f"parameter {ordinal} {param.words[0].expr!r}: spec declares align {align}, "
+                    f"kernel assumes {1 << got.log_align}"
+                )
     if kernel.param_bytes is not None and not problems and kernel.param_bytes != layout.size:
-        problems.append(f"parameter bytes: spec packs {layout.size}, cubin reads {kernel.param_bytes}")
+        problems.append(
+            f"parameter bytes: the host function packs {layout.size}, cubin reads {kernel.param_bytes}"
+        )
+    if problems:
+        problems.append("the parameter table:\n" + _table(kernel, params, layout))
     if kernel.max_threads is not None and kernel.max_threads != static.threads:
         problems.append(
-            f"kernel requires {kernel.max_threads} threads per block; the spec's block has {static.threads}"
+            f"kernel requires {kernel.max_threads} threads per block; the launch's block has {static.threads}"
         )
-    smem = kernel.static_smem_bytes + static.smem
+    smem = kernel.static_smem_bytes + (static.smem or 0)
     if smem > limits.max_smem_optin:
         problems.append(
             f"static {kernel.static_smem_bytes} B + dynamic {static.smem} B shared memory exceeds the "

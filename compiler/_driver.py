@@ -9,9 +9,9 @@ contract failure comes back as a :class:`CompileOutcome` with its reason and ful
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import os
+import re
 import tempfile
 import time
 import traceback
@@ -23,11 +23,14 @@ from b12x_aot.registry import KernelResources, SassHistogram
 
 from ._contract import check_contract, check_limits, undecided_limits
 from ._cubin import inspect_cubin
+from ._entry import prepare_entry
+from ._host_launch import read_host_launch
+from ._launch_record import RecordedLaunch, record_launch
 from ._sass import sass_histograms
-from ._spec import Limits
+from ._spec import EntryValue, Limits
 from ._toolchain import COMPILE_OPTIONS
 from ._variants import Variant
-from .errors import ContractError
+from .errors import ContractError, EntryError
 
 __all__ = ["TRANSIENT", "CompileJob", "CompileOutcome", "compile_job", "prepare_worker"]
 
@@ -41,12 +44,14 @@ class CompileJob:
     """Everything a worker needs to compile one variant; picklable, parsed once at planning."""
 
     variant: VariantId
-    kernel: str  # "package.module:Class"
+    kernel: str  # "package.module:name"
     args: tuple[Arg, ...]
     geometry: Geometry
     static: StaticGeometry
     limits: Limits
     options: str
+    init: tuple[tuple[str, EntryValue], ...] | None = None
+    constexpr: tuple[tuple[str, EntryValue], ...] = ()
 
     @property
     def arch(self) -> str:
@@ -58,7 +63,17 @@ class CompileJob:
         if variant.static is None:
             raise ValueError(f"{variant.label} was rejected by the planner; it has no job")
         spec = variant.spec
-        return cls(variant.id, spec.kernel, variant.args, spec.geometry, variant.static, spec.limits, options)
+        return cls(
+            variant.id,
+            spec.kernel,
+            variant.args,
+            spec.geometry,
+            variant.static,
+            spec.limits,
+            options,
+            spec.init,
+            spec.constexpr,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +88,7 @@ class CompileOutcome:
     seconds: float
     cubin: bytes | None = None
     symbol: str | None = None
+    launch: RecordedLaunch | None = None
     resources: KernelResources | None = None
     ptxas_version: str | None = None
     ptxas_flags: str | None = None
@@ -104,45 +120,35 @@ def prepare_worker(arch: str, scratch: str) -> None:
     import cutlass  # noqa: F401  (imported once per worker, after the arch is set)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
 def _reason(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    head = " ".join(lines[:3])
-    return (f"{type(exc).__name__}: " + head)[:600]
+    """The first line of what went wrong, without the DSL's terminal colours; the whole text
+    goes to the log (``b12x-registry failures --log``)."""
+    text = _ANSI.sub("", str(exc)).strip() or type(exc).__name__
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    more = f" (and {len(lines) - 1} more lines in the log)" if len(lines) > 1 else ""
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}{more}"
 
 
-def _placeholders(args: tuple[Arg, ...]) -> list[Any]:
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_ptr
-
-    from b12x_aot.kernels import DSL_SCALARS, dsl_dtype
-
-    out: list[Any] = []
-    for arg in args:
-        if arg.is_pointer:
-            assert arg.dtype is not None and arg.align is not None
-            out.append(
-                make_ptr(dsl_dtype(arg.dtype), arg.align, cute.AddressSpace.gmem, assumed_align=arg.align)
-            )
-        else:
-            out.append(DSL_SCALARS[arg.kind](0))
-    return out
-
-
-def _compile(job: CompileJob) -> tuple[bytes, str]:
-    import cuda.bindings.driver as cuda
+def _compile(job: CompileJob) -> tuple[bytes, str, RecordedLaunch]:
     import cutlass.cute as cute
 
-    module_name, _, class_name = job.kernel.partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    kernel = cls(job.geometry, job.static, **job.variant.params)
+    params = dict(job.variant.params)
+    entry = prepare_entry(job.kernel, job.init, job.constexpr, job.args, job.geometry, job.static, params)
     compiled = cute.compile(
-        kernel, *_placeholders(job.args), cuda.CUstream(0), options=f"--gpu-arch {job.arch} {job.options}"
+        entry.callable, *entry.args, **entry.kwargs, options=f"--gpu-arch {job.arch} {job.options}"
     )
     symbols = list(compiled.kernel_info)
     if len(symbols) != 1:
         raise ContractError(f"a registry variant must launch exactly one kernel; this one has {symbols}")
-    return bytes(compiled.artifacts.CUBIN), symbols[0]
+    with compiled.ir_module.context:
+        host = read_host_launch(compiled.ir_module, entry.inputs)
+    if host.global_name != f"kernels_{symbols[0]}":
+        raise ContractError(f"the host function launches {host.global_name}, not the kernel {symbols[0]}")
+    recorded = record_launch(host, job.geometry, job.args, params, strict=entry.strict)
+    return bytes(compiled.artifacts.CUBIN), symbols[0], recorded
 
 
 def compile_job(job: CompileJob) -> CompileOutcome:
@@ -152,20 +158,26 @@ def compile_job(job: CompileJob) -> CompileOutcome:
 
     def done(status: str, stage: str, reason: str, log: str = "", **extra: Any) -> CompileOutcome:
         output = captured.getvalue()
-        full_log = "\n".join(part for part in (log, output and f"--- output ---\n{output}") if part)
+        full_log = _ANSI.sub(
+            "", "\n".join(part for part in (log, output and f"--- output ---\n{output}") if part)
+        )
         return CompileOutcome(
             job.variant, status, stage, reason, full_log, time.perf_counter() - start, **extra
         )
 
     try:
         with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
-            cubin, symbol = _compile(job)
+            cubin, symbol, launch = _compile(job)
+    except ContractError as exc:
+        return done("failed", "contract", str(exc), traceback.format_exc())
+    except EntryError as exc:
+        return done("failed", "entry", str(exc), traceback.format_exc())
     except Exception as exc:
-        return done("failed", "compile", _reason(exc), traceback.format_exc())
+        return done("failed", "compile", _reason(exc), _ANSI.sub("", traceback.format_exc()))
 
     try:
         info = inspect_cubin(cubin)
-        resources = check_contract(info, symbol, job.arch, job.args, job.static)
+        resources = check_contract(info, symbol, job.arch, launch.params, launch.static, job.args)
     except ContractError as exc:
         return done("failed", "contract", str(exc), traceback.format_exc(), cubin=cubin, symbol=symbol)
 
@@ -175,6 +187,7 @@ def compile_job(job: CompileJob) -> CompileOutcome:
     extra = {
         "cubin": cubin,
         "symbol": symbol,
+        "launch": launch,
         "resources": resources,
         "ptxas_version": info.ptxas_version,
         "ptxas_flags": info.ptxas_flags,

@@ -18,7 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from b12x_aot.loader import (
     DTYPES,
-    Arg,
     ArgError,
     Expr,
     ExpressionError,
@@ -28,15 +27,24 @@ from b12x_aot.loader import (
 )
 
 from ._arch import ARCHS
+from ._spec_args import ArgTemplate, spec_symbols, tensor_template
 from .errors import SpecError, SpecFault
 
-__all__ = ["ARCH_NAME", "ArgTemplate", "Limits", "Spec", "load_spec", "load_specs"]
+__all__ = [
+    "ARCH_NAME",
+    "ArgTemplate",
+    "EntryValue",
+    "Limits",
+    "Spec",
+    "entry_value",
+    "load_spec",
+    "load_specs",
+]
 
 # Constraints may also read the target arch (e.g. "sm_90a"): a tile that only one arch's
 # instructions make worth building is kept off the others' builds.
 ARCH_NAME = "arch"
 
-_TEMPLATE = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 _ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 Scalar = StrictInt | StrictStr | StrictBool
@@ -49,19 +57,27 @@ class _Strict(BaseModel):
 
 class _ArgModel(_Strict):
     name: StrictStr
-    kind: Literal["ptr", "i32", "u32", "i64", "u64", "f32", "f64"]
+    kind: Literal["ptr", "tensor", "i32", "u32", "i64", "u64", "f32", "f64"]
     dtype: StrictStr | None = None
     align: StrictInt | None = None
     intent: Literal["in", "out", "inout"] = "in"
     shape: list[ExprSource] | None = Field(default=None, min_length=1)
+    # tensors only
+    stride: Literal["row_major", "column_major", "dynamic"] | list[ExprSource] | None = None
+    dynamic: list[StrictInt] | None = None
+    divisibility: dict[StrictStr, StrictInt] | None = None
+    shape_bits: Literal[32, 64] | None = None
+    stride_bits: Literal[32, 64] | None = None
 
 
 class _LaunchModel(_Strict):
-    grid: list[ExprSource] = Field(min_length=3, max_length=3)
-    block: list[ExprSource] = Field(min_length=3, max_length=3)
-    smem: ExprSource = 0
+    # grid, block and smem may be left to the kernel's host function (read from its launch)
+    grid: list[ExprSource] | None = Field(default=None, min_length=3, max_length=3)
+    block: list[ExprSource] | None = Field(default=None, min_length=3, max_length=3)
+    smem: ExprSource | None = None
     cluster: list[ExprSource] | None = Field(default=None, min_length=3, max_length=3)
     requires: list[StrictStr] = []
+    let: dict[StrictStr, ExprSource] = {}
 
 
 class _LimitsModel(_Strict):
@@ -80,31 +96,17 @@ class _SpecModel(_Strict):
     params: dict[StrictStr, list[Scalar]] = Field(min_length=1)
     constraints: list[StrictStr] = []
     args: list[_ArgModel] = Field(min_length=1)
-    launch: _LaunchModel
+    launch: _LaunchModel = _LaunchModel()
     limits: _LimitsModel = _LimitsModel()
+    # the kernel entry's own arguments, from params: a class's constructor keywords, and the
+    # jit function's Constexpr keywords (ints, strings, tuples, DSL numeric types)
+    init: dict[StrictStr, Any] | None = None
+    constexpr: dict[StrictStr, Any] = {}
 
 
-@dataclass(frozen=True, slots=True)
-class ArgTemplate:
-    """A spec argument; ``dtype`` may be a ``{param}`` template resolved per variant."""
-
-    name: str
-    kind: str
-    dtype: str | None
-    align: int | None
-    intent: str
-    shape: tuple[str, ...] | None = None
-
-    @property
-    def template_param(self) -> str | None:
-        """The param a ``{param}`` dtype names, or None for a literal dtype."""
-        m = _TEMPLATE.match(self.dtype) if self.dtype is not None else None
-        return m.group(1) if m else None
-
-    def resolve(self, params: Mapping[str, Any]) -> Arg:
-        param = self.template_param
-        dtype = str(params[param]) if param is not None else self.dtype
-        return Arg(self.name, self.kind, dtype, self.align, self.intent, self.shape)
+# A value of ``init``/``constexpr``: a literal int or bool, an expression over the params (a
+# YAML string: "tile_m", "(tile_m, tile_n, 64)", "dtype(element)", "'row'"), or a tuple of values.
+EntryValue = int | bool | Expr | tuple[Any, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +148,8 @@ class Spec:
     args: tuple[ArgTemplate, ...]
     geometry: Geometry
     limits: Limits
+    init: tuple[tuple[str, EntryValue], ...] | None = None  # None: a registry kernel class
+    constexpr: tuple[tuple[str, EntryValue], ...] = ()
 
     @property
     def module(self) -> str:
@@ -157,22 +161,51 @@ class Spec:
 
     @property
     def scalar_names(self) -> tuple[str, ...]:
-        return tuple(a.name for a in self.args if a.kind != "ptr")
+        return tuple(a.name for a in self.args if a.kind not in ("ptr", "tensor"))
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        """The names tensor arguments bind (see ``_spec_args``)."""
+        return tuple(spec_symbols(self.args, self.param_names))
 
     def contract(self) -> dict[str, Any]:
         """What a compiled variant depends on besides its params and its source closure."""
-        return {
+        out = {
             "family": self.family,
             "abi": self.abi,
             "kernel": self.kernel,
-            "args": [asdict(a) for a in self.args],
+            "args": [a.to_contract() for a in self.args],
             "launch": self.geometry.to_json(),
             "limits": self.limits.to_contract(),
         }
+        # added after contracts were first hashed: present only when a spec uses them
+        if self.init is not None:
+            out["init"] = {k: _value_json(v) for k, v in self.init}
+        if self.constexpr:
+            out["constexpr"] = {k: _value_json(v) for k, v in self.constexpr}
+        return out
 
     def contract_hash(self) -> str:
         """sha256 of :meth:`contract`: a change here makes this family's variants stale."""
         return canonical_hash(self.contract())
+
+
+def _value_json(value: EntryValue) -> Any:
+    if isinstance(value, Expr):
+        return value.source
+    if isinstance(value, tuple):
+        return [_value_json(v) for v in value]
+    return value
+
+
+def entry_value(value: EntryValue, params: Mapping[str, Any], functions: Mapping[str, Any]) -> Any:
+    """An ``init``/``constexpr`` value for one variant: expressions evaluated over its params
+    (``functions`` gives ``dtype`` its meaning, the DSL's numeric type), lists as tuples."""
+    if isinstance(value, Expr):
+        return value.evaluate(params, functions)
+    if isinstance(value, tuple):
+        return tuple(entry_value(v, params, functions) for v in value)
+    return value
 
 
 # --- YAML with line numbers -------------------------------------------------------------
@@ -275,72 +308,183 @@ def _validate(
     except ValueError as exc:
         faults.add(("family",), str(exc).removeprefix("family "))
     if not _ENTRY.match(model.kernel):
-        faults.add(("kernel",), f"must be 'package.module:Class' (got {model.kernel!r})")
+        faults.add(
+            ("kernel",), f"must be 'package.module:Class' or 'package.module:function' (got {model.kernel!r})"
+        )
     for i, arch in enumerate(model.archs):
         if arch not in ARCHS:
             faults.add(("archs", i), f"unknown arch {arch!r}; known: {', '.join(ARCHS)}")
     if len(set(model.archs)) != len(model.archs):
         faults.add(("archs",), "lists an arch twice")
-
     for name, values in model.params.items():
-        if not name.isidentifier():
-            faults.add(("params", name), "param names must be identifiers")
+        if not name.isidentifier() or "__" in name:
+            faults.add(("params", name), "param names must be identifiers without '__'")
         if not values:
             faults.add(("params", name), "needs at least one value")
         if len(set(map(repr, values))) != len(values):
             faults.add(("params", name), f"lists a value twice: {values}")
-
-    arg_names = [a.name for a in model.args]
-    templates: list[ArgTemplate] = []
-    for i, arg in enumerate(model.args):
-        where = ("args", i)
-        if not arg.name.isidentifier():
-            faults.add((*where, "name"), f"must be an identifier (got {arg.name!r})")
-        if arg_names.count(arg.name) > 1:
-            faults.add((*where, "name"), f"argument {arg.name!r} is declared twice")
-        if arg.name in model.params:
-            faults.add((*where, "name"), f"argument {arg.name!r} has the name of a param")
-        shape = tuple(str(d) for d in arg.shape) if arg.shape is not None else None
-        template = ArgTemplate(arg.name, arg.kind, arg.dtype, arg.align, arg.intent, shape)
-        _check_arg(template, where, model.params, faults)
-        templates.append(template)
-
-    params = list(model.params)
-    scalars = [a.name for a in model.args if a.kind != "ptr"]
-    for i, arg in enumerate(model.args):
-        for d, dim in enumerate(arg.shape or ()):
-            faults.expr(("args", i, "shape", d), dim, params + scalars)
     if ARCH_NAME in model.params:
         faults.add(
             ("params", ARCH_NAME), f"{ARCH_NAME!r} is the target arch constraints read; rename the param"
         )
+    params = list(model.params)
+    templates = _validate_args(model, faults)
     constraints = [
         e
         for i, c in enumerate(model.constraints)
         if (e := faults.expr(("constraints", i), c, [*params, ARCH_NAME]))
     ]
-    launch = model.launch
-    grid = [faults.expr(("launch", "grid", i), g, params + scalars) for i, g in enumerate(launch.grid)]
-    block = [faults.expr(("launch", "block", i), b, params) for i, b in enumerate(launch.block)]
-    smem = faults.expr(("launch", "smem"), launch.smem, params)
-    cluster = (
-        [faults.expr(("launch", "cluster", i), c, params) for i, c in enumerate(launch.cluster)]
-        if launch.cluster is not None
-        else None
+    runtime = [a.name for a in templates if a.kind not in ("ptr", "tensor")] + list(
+        spec_symbols(templates, params)
     )
-    requires = [
-        faults.expr(("launch", "requires", i), r, params + scalars) for i, r in enumerate(launch.requires)
-    ]
-    geometry = None
-    if all(grid) and all(block) and smem and (cluster is None or all(cluster)) and all(requires):
-        geometry = Geometry(
-            tuple(grid),  # type: ignore[arg-type]
-            tuple(block),  # type: ignore[arg-type]
-            smem,
-            tuple(cluster) if cluster else None,  # type: ignore[arg-type]
-            tuple(requires),  # type: ignore[arg-type]
-        )
-    return tuple(templates), geometry, constraints
+    return tuple(templates), _validate_launch(model.launch, params, runtime, faults), constraints
+
+
+def _validate_args(model: _SpecModel, faults: _Faults) -> list[ArgTemplate]:
+    """Every argument as a template; a tensor's strides resolved and its dynamic modes decided."""
+    params = list(model.params)
+    arg_names = [a.name for a in model.args]
+    templates: list[ArgTemplate] = []
+    for i, arg in enumerate(model.args):
+        where = ("args", i)
+        if not arg.name.isidentifier() or "__" in arg.name:
+            faults.add((*where, "name"), f"must be an identifier without '__' (got {arg.name!r})")
+        if arg_names.count(arg.name) > 1:
+            faults.add((*where, "name"), f"argument {arg.name!r} is declared twice")
+        if arg.name in model.params:
+            faults.add((*where, "name"), f"argument {arg.name!r} has the name of a param")
+        shape = tuple(str(d) for d in arg.shape) if arg.shape is not None else None
+        if arg.kind == "tensor":
+            if shape is None:
+                faults.add(where, "a tensor needs a shape (one entry per mode)")
+                continue
+            try:
+                template = tensor_template(
+                    arg.name,
+                    arg.dtype,
+                    arg.align,
+                    arg.intent,
+                    shape,
+                    arg.stride if arg.stride is not None else "row_major",
+                    arg.dynamic or (),
+                    arg.divisibility or {},
+                    (arg.shape_bits or 32, arg.stride_bits or 64),
+                    params,
+                )
+            except ArgError as exc:
+                faults.add((*where, exc.field), exc.reason)
+                continue
+        else:
+            extra = [
+                f
+                for f in ("stride", "dynamic", "divisibility", "shape_bits", "stride_bits")
+                if getattr(arg, f) is not None
+            ]
+            if extra:
+                faults.add(
+                    (*where, extra[0]),
+                    f"only a tensor argument takes {', '.join(extra)} (this one is {arg.kind})",
+                )
+            template = ArgTemplate(arg.name, arg.kind, arg.dtype, arg.align, arg.intent, shape)
+        _check_arg(template, where, model.params, faults)
+        templates.append(template)
+    symbols = spec_symbols(templates, params)
+    memory = {a.name for a in templates if a.kind in ("ptr", "tensor")}
+    for arg in templates:
+        for part in ("shape", "stride"):
+            for d, entry in enumerate(getattr(arg, part) or ()):
+                if entry.strip() in memory:
+                    where = ("args", arg_names.index(arg.name), part, d)
+                    faults.add(
+                        where,
+                        f"{entry.strip()!r} is the name of a pointer or tensor argument, not a size: use a symbol or a scalar",
+                    )
+    known = params + [a.name for a in templates if a.kind not in ("ptr", "tensor")] + list(symbols)
+    for arg in templates:
+        where = ("args", arg_names.index(arg.name))
+        for d, dim in enumerate(arg.shape or ()):
+            faults.expr((*where, "shape", d), dim, known)
+        for d, entry in enumerate(arg.stride or ()):
+            faults.expr((*where, "stride", d), entry, [*known, f"{arg.name}__stride{d}"])
+        for name, _ in arg.divisibility:
+            if symbols.get(name) != arg.name:
+                bound = f"argument {symbols[name]!r} binds it" if name in symbols else "it is not a symbol"
+                faults.add(
+                    (*where, "divisibility", name),
+                    f"{name!r}: declare a symbol's divisibility where it is bound ({bound})",
+                )
+    return templates
+
+
+def _validate_launch(
+    launch: _LaunchModel, params: list[str], runtime: list[str], faults: _Faults
+) -> Geometry | None:
+    """The launch geometry, its ``let`` names readable by what follows them; None on faults."""
+    static_lets: list[str] = []  # lets over params alone, which block, smem and cluster may read
+    lets: list[tuple[str, Expr]] = []
+    for name, source in launch.let.items():
+        where = ("launch", "let", name)
+        if not name.isidentifier() or "__" in name or name in params or name in runtime:
+            faults.add(where, f"{name!r} must be a new identifier (not a param, argument or symbol)")
+            continue
+        expr = faults.expr(where, source, [*params, *runtime, *(n for n, _ in lets)])
+        if expr is not None:
+            if not (expr.names - set(params) - set(static_lets)):
+                static_lets.append(name)
+            lets.append((name, expr))
+    dynamic = [*params, *runtime, *(n for n, _ in lets)]
+    static = [*params, *static_lets]
+
+    def dims(field: str, values: list[Any] | None, allowed: list[str]) -> list[Expr | None] | None:
+        if values is None:
+            return None
+        return [faults.expr(("launch", field, i), v, allowed) for i, v in enumerate(values)]
+
+    grid, block, cluster = (
+        dims("grid", launch.grid, dynamic),
+        dims("block", launch.block, static),
+        dims("cluster", launch.cluster, static),
+    )
+    smem = faults.expr(("launch", "smem"), launch.smem, static) if launch.smem is not None else None
+    requires = [faults.expr(("launch", "requires", i), r, dynamic) for i, r in enumerate(launch.requires)]
+    parts = [*(grid or ()), *(block or ()), *(cluster or ()), *requires]
+    if None in parts or (launch.smem is not None and smem is None) or len(lets) != len(launch.let):
+        return None
+    return Geometry(
+        tuple(grid) if grid else None,  # type: ignore[arg-type]
+        tuple(block) if block else None,  # type: ignore[arg-type]
+        smem,
+        tuple(cluster) if cluster else None,  # type: ignore[arg-type]
+        tuple(requires),  # type: ignore[arg-type]
+        tuple(lets),
+    )
+
+
+def _entry_values(
+    section: str, raw: Mapping[str, Any], params: list[str], faults: _Faults
+) -> tuple[tuple[str, EntryValue], ...]:
+    """``init`` or ``constexpr`` as values: expressions over the params, literals, tuples."""
+
+    def value(item: Any, where: tuple[Any, ...]) -> EntryValue | None:
+        if isinstance(item, bool | int):
+            return item
+        if isinstance(item, str):
+            return faults.expr(where, item, params)
+        if isinstance(item, list):
+            parts = [value(v, (*where, j)) for j, v in enumerate(item)]
+            return None if any(p is None for p in parts) else tuple(parts)  # type: ignore[misc]
+        faults.add(where, f"must be an int, a bool, an expression string or a list (got {item!r})")
+        return None
+
+    out = []
+    for name, item in raw.items():
+        if not name.isidentifier():
+            faults.add((section, name), f"must be a keyword argument name (got {name!r})")
+            continue
+        parsed = value(item, (section, name))
+        if parsed is not None:
+            out.append((name, parsed))
+    return tuple(out)
 
 
 def _check_arg(
@@ -391,6 +535,9 @@ def load_spec(path: str | Path) -> Spec:
         _pydantic_faults(exc, faults)
         raise SpecError(path, faults.items) from None
     args, geometry, constraints = _validate(model, faults)
+    params = list(model.params)
+    init = _entry_values("init", model.init, params, faults) if model.init is not None else None
+    constexpr = _entry_values("constexpr", model.constexpr, params, faults)
     if faults.items or geometry is None:
         raise SpecError(path, faults.items)
     return Spec(
@@ -405,6 +552,8 @@ def load_spec(path: str | Path) -> Spec:
         args=args,
         geometry=geometry,
         limits=Limits(**model.limits.model_dump()),
+        init=init,
+        constexpr=constexpr,
     )
 
 

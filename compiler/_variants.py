@@ -7,7 +7,7 @@ hundred variants. The constraints are tested as the params are bound, in spec or
 false one drops every combination under it at once (each count names the first constraint
 found false that way). A variant is rejected before compiling, with its reason, when its
 block has a thread count the arch does not allow, or when its dynamic shared memory exceeds
-the arch's opt-in limit.
+the arch's opt-in limit (what the spec leaves to the kernel is checked once it is compiled).
 """
 
 from __future__ import annotations
@@ -154,12 +154,12 @@ def _check(arch: str, static: StaticGeometry) -> tuple[str, str] | None:
     """``(stage, reason)`` when the arch cannot launch this block or shared memory."""
     limits = ARCHS[arch]
     threads = static.threads
-    if threads < 32 or threads > limits.max_threads or threads % 32:
+    if threads is not None and (threads < 32 or threads > limits.max_threads or threads % 32):
         return "threads", (
             f"block {static.block} has {threads} threads; {arch} allows a multiple of 32 "
             f"from 32 to {limits.max_threads}"
         )
-    if static.smem > limits.max_smem_optin:
+    if static.smem is not None and static.smem > limits.max_smem_optin:
         return "smem", (
             f"dynamic shared memory {static.smem} B exceeds the {arch} opt-in limit of "
             f"{limits.max_smem_optin} B"

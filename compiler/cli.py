@@ -30,6 +30,7 @@ from ._arch import ARCHS
 from ._build import BuildSummary, run_build
 from ._executor import EXECUTOR_FORMS, executor_from
 from ._plan import Plan, make_plan, parse_shard
+from ._probe import check_entries
 from ._progress import BuildProgress
 from ._sass import find_nvdisasm
 from ._spec import Spec, load_specs
@@ -285,6 +286,8 @@ def main(
             toolchain_policy=toolchain_policy,
             retry_failed=retry_failed,
         )
+        compiling = {id(i.variant.spec): i.variant.spec for i in plan.to_compile()}
+        check_entries(list(compiling.values()))
         if dry_run:
             _print_plan(console, plan, as_json)
             return

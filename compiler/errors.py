@@ -12,6 +12,7 @@ __all__ = [
     "ClosureError",
     "CompilerError",
     "ContractError",
+    "EntryError",
     "ExecutorError",
     "SpecError",
     "SpecFault",
@@ -65,6 +66,13 @@ class ToolchainError(CompilerError):
 
 class ContractError(CompilerError):
     """A compiled cubin breaks the AOT launch contract its spec declares."""
+
+
+class EntryError(CompilerError):
+    """A spec's kernel entry cannot serve it: not importable, not a ``@cute.jit`` function or a
+    class with a jit ``__call__``, or built or called with arguments it does not take."""
+
+    exit_code = 2
 
 
 class ExecutorError(CompilerError):

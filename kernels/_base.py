@@ -17,7 +17,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cutlass_dsl import BaseDSL
 
-from b12x_aot.loader import Geometry, StaticGeometry
+from b12x_aot.loader import TRACED, Geometry, StaticGeometry
 
 __all__ = ["DSL_DTYPES", "DSL_SCALARS", "AotKernel", "dsl_dtype"]
 
@@ -47,8 +47,26 @@ DSL_SCALARS: Mapping[str, type] = {
 }
 
 
-# The grid reads runtime scalars, which the DSL traces: Python's min/max cannot compare those.
-_TRACED_FUNCTIONS = {"min": cutlass.min, "max": cutlass.max}
+def _select(test: Any, if_value: Any, else_value: Any) -> Any:
+    """``if_value if test else else_value`` for a traced or a plain test."""
+    if isinstance(test, bool):
+        return if_value if test else else_value
+    # select_ hands back a bare IR value: give it the branches' DSL type again
+    typed = next((v for v in (if_value, else_value) if isinstance(v, cutlass.Numeric)), cutlass.Int32(0))
+    return type(typed)(cutlass.select_(test, if_value, else_value))
+
+
+# The grid reads runtime scalars, which the DSL traces: Python's min/max cannot compare those,
+# nor can Python's conditionals and boolean operators test them.
+_TRACED_FUNCTIONS = {
+    TRACED: True,
+    "min": cutlass.min,
+    "max": cutlass.max,
+    "select": _select,
+    "and": cutlass.and_,
+    "or": cutlass.or_,
+    "not": cutlass.not_,
+}
 
 
 def dsl_dtype(name: str) -> type:
@@ -68,12 +86,16 @@ class AotKernel:
         self.params = dict(params)
 
     def launch_config(self, **runtime: Any) -> dict[str, Any]:
-        """``grid``, ``block`` and ``smem`` for ``.launch()``, from the spec's expressions."""
+        """``grid``, ``block`` and ``smem`` for ``.launch()``, from the spec's expressions (a
+        spec that leaves ``smem`` out lets the DSL size it from the kernel's allocations)."""
+        if self.static.block is None:
+            raise ValueError(f"{type(self).__name__} launches with the spec's block: declare launch.block")
         config: dict[str, Any] = {
             "grid": list(self.geometry.grid_of({**self.params, **runtime}, _TRACED_FUNCTIONS)),
             "block": list(self.static.block),
-            "smem": self.static.smem,
         }
+        if self.static.smem is not None:
+            config["smem"] = self.static.smem
         if self.static.cluster is not None:
             config["cluster"] = list(self.static.cluster)
         return config

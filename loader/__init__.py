@@ -13,9 +13,9 @@ build it.
     topk_sum(out, routed, weights, route_ids, num_tokens, num_experts)
 """
 
-from ._abi import DTYPES, SCALAR_KINDS, Arg, DType, ParamLayout, ScalarKind
+from ._abi import DTYPES, SCALAR_KINDS, Arg, DType, ScalarKind, tensor_fields
 from ._cuda import check, current_device, ensure_init
-from ._expr import Expr, cdiv
+from ._expr import TRACED, Expr, cdiv, tdiv, tmod
 from ._geometry import Geometry, StaticGeometry
 from ._index import READABLE_SCHEMA, IndexEntry, blob_path
 from ._keys import (
@@ -31,6 +31,16 @@ from ._keys import (
     variant_label,
 )
 from ._launch import PreparedLaunch
+from ._params import (
+    InputWord,
+    KernelParam,
+    ParamLayout,
+    Word,
+    default_params,
+    input_words,
+    params_to_json,
+    symbol_bindings,
+)
 from ._registry import Kernel, LoadStats, Registry
 from .errors import (
     ArgError,
@@ -53,6 +63,7 @@ __all__ = [
     "KEY_SCHEMA_VERSION",
     "READABLE_SCHEMA",
     "SCALAR_KINDS",
+    "TRACED",
     "Arg",
     "ArgError",
     "B12xError",
@@ -64,8 +75,10 @@ __all__ = [
     "ExpressionError",
     "Geometry",
     "IndexEntry",
+    "InputWord",
     "IntegrityError",
     "Kernel",
+    "KernelParam",
     "LaunchArgumentError",
     "LoadStats",
     "LoaderError",
@@ -81,9 +94,11 @@ __all__ = [
     "RequirementError",
     "ScalarKind",
     "StaticGeometry",
+    "TensorView",
     "UncheckedSizeWarning",
     "VariantId",
     "VariantMissError",
+    "Word",
     "arch_of",
     "blob_path",
     "canonical_hash",
@@ -93,8 +108,15 @@ __all__ = [
     "check",
     "check_family",
     "current_device",
+    "default_params",
     "ensure_init",
+    "input_words",
     "params_text",
+    "params_to_json",
+    "symbol_bindings",
+    "tdiv",
+    "tensor_fields",
+    "tmod",
     "variant_key",
     "variant_label",
 ]
@@ -102,6 +124,7 @@ __all__ = [
 # Loaded on first use: serving processes that never touch them skip their import.
 _LAZY = {
     "Buffer": "_checks",
+    "TensorView": "_tensors",
     "UncheckedSizeWarning": "_checks",
     "Manifest": "_manifest",
     "ParamRange": "_manifest",

@@ -1,8 +1,8 @@
-"""The launch ABI: element types, kernel arguments and the packed parameter buffer.
+"""The launch ABI: element types and kernel arguments.
 
 This is the one home of the AOT launch contract's data types. The compiler resolves a
 spec's argument templates into :class:`Arg` records; the registry stores them; the loader
-packs them. Everything here is stdlib-only so that serving processes can import it.
+packs them (``_params``). Everything here is stdlib-only so that serving processes can import it.
 
 Records are ``NamedTuple``s rather than dataclasses: immutable and ``__dict__``-free like a
 frozen slotted dataclass, but a NamedTuple class costs ~0.1 ms to create against ~0.8 ms for a
@@ -11,19 +11,20 @@ dataclass, and the loader's whole import budget is 10 ms.
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from .errors import ArgError
 
 __all__ = [
     "DTYPES",
+    "INDEX_BITS",
     "SCALAR_KINDS",
+    "TENSOR",
     "Arg",
     "DType",
-    "ParamLayout",
     "ScalarKind",
+    "tensor_fields",
 ]
 
 
@@ -83,7 +84,22 @@ SCALAR_KINDS: Mapping[str, ScalarKind] = {
 }
 
 PTR = "ptr"
+TENSOR = "tensor"
 INTENTS = ("in", "out", "inout")
+INDEX_BITS = (32, 64)  # widths a tensor's dynamic shape and stride words may have
+
+
+def tensor_fields(arg: object) -> dict[str, object]:
+    """A tensor argument's layout fields as JSON (of an :class:`Arg`, or of the compiler's
+    template of one: both have these attributes)."""
+    return {
+        "stride": list(getattr(arg, "stride", None) or ()),
+        "dynamic": list(getattr(arg, "dynamic", ())),
+        "dynamic_stride": list(getattr(arg, "dynamic_stride", ())),
+        "divisibility": dict(getattr(arg, "divisibility", ())),
+        "shape_bits": getattr(arg, "shape_bits", 32),
+        "stride_bits": getattr(arg, "stride_bits", 64),
+    }
 
 
 class _ArgFields(NamedTuple):
@@ -92,16 +108,32 @@ class _ArgFields(NamedTuple):
     dtype: str | None
     align: int | None
     intent: str
-    shape: tuple[str, ...] | None  # expression sources over params and scalar args
+    shape: tuple[str, ...] | None  # expression sources over params, scalar args and symbols
+    # tensors only: their layout as the kernel is compiled for it
+    stride: tuple[str, ...] | None = None
+    dynamic: tuple[int, ...] = ()  # shape modes whose extent is a runtime word
+    dynamic_stride: tuple[int, ...] = ()  # stride modes whose value is a runtime word
+    divisibility: tuple[tuple[str, int], ...] = ()  # symbol -> what the kernel may assume it divides by
+    shape_bits: int = 32
+    stride_bits: int = 64
 
 
 class Arg(_ArgFields):
-    """One kernel parameter, resolved for a variant (no templates left).
+    """One kernel argument, resolved for a variant (no templates left).
 
     A pointer has an element ``dtype``, the byte ``align`` that the kernel assumes, an
     ``intent`` saying whether the kernel reads it, writes it or both, and optionally its
     ``shape``: one expression per dimension, over the variant's params and the launch's scalar
     arguments (parsed by the caller; ``_expr`` depends on this module). A scalar has only a kind.
+
+    A tensor (a ``cute.Tensor`` in the kernel) has a dtype, align and intent too, a ``shape`` and
+    a ``stride`` (one expression per mode each), and the modes the kernel reads at run time:
+    ``dynamic`` extents and ``dynamic_stride`` strides, passed as ``shape_bits`` and
+    ``stride_bits`` words after its pointer; the other modes are compiled in. An entry that
+    is a bare name neither param nor scalar is a *symbol*, bound from the first tensor mode
+    that names it (see ``_inputs``); ``divisibility`` says which symbols the kernel may assume
+    are multiples of what.
+
     Construction validates every field and raises :class:`ArgError` naming the bad one: this
     is the one validator of argument declarations (specs are checked through it too).
     """
@@ -116,10 +148,32 @@ class Arg(_ArgFields):
         align: int | None = None,
         intent: str = "in",
         shape: tuple[str, ...] | None = None,
+        stride: tuple[str, ...] | None = None,
+        dynamic: tuple[int, ...] = (),
+        dynamic_stride: tuple[int, ...] = (),
+        divisibility: tuple[tuple[str, int], ...] = (),
+        shape_bits: int = 32,
+        stride_bits: int = 64,
     ) -> Arg:
         if shape is not None:
             shape = tuple(str(d) for d in shape)
-        self = super().__new__(cls, name, kind, dtype, align, intent, shape)
+        if stride is not None:
+            stride = tuple(str(d) for d in stride)
+        self = super().__new__(
+            cls,
+            name,
+            kind,
+            dtype,
+            align,
+            intent,
+            shape,
+            stride,
+            tuple(dynamic),
+            tuple(dynamic_stride),
+            tuple((str(k), v) for k, v in divisibility),
+            shape_bits,
+            stride_bits,
+        )
         self._validate()
         return self
 
@@ -127,60 +181,98 @@ class Arg(_ArgFields):
         """Raise :class:`ArgError` naming the first field that breaks the contract."""
         if not self.name.isidentifier():
             raise ArgError(self.name, "name", f"must be an identifier (got {self.name!r})")
-        if self.kind == PTR:
-            if self.dtype is None:
-                raise ArgError(self.name, "dtype", "a ptr argument needs a dtype")
-            if self.dtype not in DTYPES:
-                raise ArgError(
-                    self.name, "dtype", f"{self.dtype!r} is not a dtype; valid: {', '.join(DTYPES)}"
-                )
-            if self.align is None:
-                raise ArgError(self.name, "align", "a ptr argument needs an align (bytes, a power of two)")
-            if self.align <= 0 or self.align & (self.align - 1):
-                raise ArgError(self.name, "align", f"must be a power of two (got {self.align!r})")
-            if self.align < DTYPES[self.dtype].itemsize:
-                raise ArgError(
-                    self.name,
-                    "align",
-                    f"align {self.align} is below the {self.dtype} item size {DTYPES[self.dtype].itemsize}",
-                )
-            if self.intent not in INTENTS:
-                raise ArgError(self.name, "intent", f"must be one of {INTENTS} (got {self.intent!r})")
+        if "__" in self.name:
+            raise ArgError(self.name, "name", "names with '__' are reserved for a tensor's words")
+        if self.kind == TENSOR:
+            self._validate_memory("a tensor")
+            self._validate_tensor()
+        elif self.kind == PTR:
+            self._validate_memory("a ptr argument")
             if self.shape is not None and not self.shape:
                 raise ArgError(self.name, "shape", "needs at least one dimension (leave it out for none)")
+            if self.stride is not None or self.dynamic or self.dynamic_stride or self.divisibility:
+                raise ArgError(
+                    self.name, "", "a ptr argument has no stride or dynamic modes (use kind: tensor)"
+                )
         elif self.kind in SCALAR_KINDS:
             if self.dtype is not None or self.align is not None or self.shape is not None:
                 raise ArgError(self.name, "", f"a {self.kind} scalar takes no dtype, align or shape")
             if self.intent != "in":
                 raise ArgError(self.name, "intent", f"a scalar is always intent 'in' (got {self.intent!r})")
         else:
-            kinds = ", ".join((PTR, *SCALAR_KINDS))
+            kinds = ", ".join((PTR, TENSOR, *SCALAR_KINDS))
             raise ArgError(self.name, "kind", f"must be one of {kinds} (got {self.kind!r})")
+
+    def _validate_memory(self, what: str) -> None:
+        """dtype, align and intent of an argument that addresses device memory."""
+        if self.dtype is None:
+            raise ArgError(self.name, "dtype", f"{what} needs a dtype")
+        if self.dtype not in DTYPES:
+            raise ArgError(self.name, "dtype", f"{self.dtype!r} is not a dtype; valid: {', '.join(DTYPES)}")
+        if self.align is None:
+            raise ArgError(self.name, "align", f"{what} needs an align (bytes, a power of two)")
+        if self.align <= 0 or self.align & (self.align - 1):
+            raise ArgError(self.name, "align", f"must be a power of two (got {self.align!r})")
+        if self.align < DTYPES[self.dtype].itemsize:
+            raise ArgError(
+                self.name,
+                "align",
+                f"align {self.align} is below the {self.dtype} item size {DTYPES[self.dtype].itemsize}",
+            )
+        if self.intent not in INTENTS:
+            raise ArgError(self.name, "intent", f"must be one of {INTENTS} (got {self.intent!r})")
+
+    def _validate_tensor(self) -> None:
+        if not self.shape:
+            raise ArgError(self.name, "shape", "a tensor needs a shape of at least one mode")
+        rank = len(self.shape)
+        if self.stride is None or len(self.stride) != rank:
+            raise ArgError(self.name, "stride", f"needs one entry per mode ({rank})")
+        for field in ("dynamic", "dynamic_stride"):
+            modes = getattr(self, field)
+            if any(not isinstance(m, int) or not 0 <= m < rank for m in modes) or len(set(modes)) != len(
+                modes
+            ):
+                raise ArgError(
+                    self.name, field, f"must list distinct modes in 0..{rank - 1} (got {list(modes)})"
+                )
+        for symbol, value in self.divisibility:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ArgError(self.name, "divisibility", f"{symbol}: must be an int >= 1 (got {value!r})")
+        for field in ("shape_bits", "stride_bits"):
+            if getattr(self, field) not in INDEX_BITS:
+                raise ArgError(self.name, field, f"must be 32 or 64 (got {getattr(self, field)!r})")
 
     @property
     def is_pointer(self) -> bool:
         return self.kind == PTR
 
     @property
-    def size(self) -> int:
-        """Bytes this argument takes in the parameter buffer."""
-        return 8 if self.kind == PTR else SCALAR_KINDS[self.kind].size
+    def is_tensor(self) -> bool:
+        return self.kind == TENSOR
 
     @property
-    def code(self) -> str:
-        return "Q" if self.kind == PTR else SCALAR_KINDS[self.kind].code
+    def is_scalar(self) -> bool:
+        return self.kind in SCALAR_KINDS
+
+    @property
+    def addresses_memory(self) -> bool:
+        """A pointer or a tensor: something ``checked`` validates as device memory."""
+        return self.kind in (PTR, TENSOR)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"name": self.name, "kind": self.kind}
-        if self.is_pointer:
+        if self.addresses_memory:
             out.update(dtype=self.dtype, align=self.align, intent=self.intent)
             if self.shape is not None:
                 out["shape"] = list(self.shape)
+        if self.is_tensor:
+            out.update(tensor_fields(self))
         return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> Arg:
-        shape = data.get("shape")
+        shape, stride = data.get("shape"), data.get("stride")
         return cls(
             name=str(data["name"]),
             kind=str(data["kind"]),
@@ -188,36 +280,10 @@ class Arg(_ArgFields):
             align=data.get("align"),  # type: ignore[arg-type]
             intent=str(data.get("intent", "in")),
             shape=tuple(shape) if shape is not None else None,  # type: ignore[arg-type]
+            stride=tuple(stride) if stride is not None else None,  # type: ignore[arg-type]
+            dynamic=tuple(data.get("dynamic", ())),  # type: ignore[arg-type]
+            dynamic_stride=tuple(data.get("dynamic_stride", ())),  # type: ignore[arg-type]
+            divisibility=tuple(dict(data.get("divisibility", {})).items()),  # type: ignore[call-overload]
+            shape_bits=int(data.get("shape_bits", 32)),  # type: ignore[call-overload]
+            stride_bits=int(data.get("stride_bits", 64)),  # type: ignore[call-overload]
         )
-
-
-class ParamLayout(NamedTuple):
-    """The C struct that a kernel's parameters form: natural alignment, declared order.
-
-    ``offsets[i]`` and ``sizes[i]`` are what the cubin's ``EIATTR_KPARAM_INFO`` must report
-    for ordinal ``i``; ``fmt`` packs the whole buffer with ``struct.pack_into``.
-    """
-
-    offsets: tuple[int, ...]
-    sizes: tuple[int, ...]
-    size: int
-    fmt: str
-
-    @classmethod
-    def of(cls, args: Iterable[Arg]) -> ParamLayout:
-        offsets: list[int] = []
-        sizes: list[int] = []
-        fmt = ["<"]
-        cursor = 0
-        for arg in args:
-            aligned = -(-cursor // arg.size) * arg.size
-            if aligned > cursor:
-                fmt.append(f"{aligned - cursor}x")
-            offsets.append(aligned)
-            sizes.append(arg.size)
-            fmt.append(arg.code)
-            cursor = aligned + arg.size
-        layout = cls(tuple(offsets), tuple(sizes), cursor, "".join(fmt))
-        if struct.calcsize(layout.fmt) != cursor:  # guards the arithmetic above
-            raise AssertionError(f"parameter layout {layout.fmt!r} does not span {cursor} bytes")
-        return layout

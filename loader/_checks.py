@@ -1,10 +1,12 @@
 """Checked launches: every argument against the variant's ABI and sizes, before anything runs.
 
 ``PreparedLaunch.checked`` is generated per variant like the plain call, so its checks are
-straight-line code: scalar kinds and ranges, the spec's ``launch.requires`` preconditions,
-then per pointer its dtype, device, contiguity, size and alignment, then the grid. Only a
-failing check takes the slow path here, which raises :class:`LaunchArgumentError` naming the
-argument, what was expected (with the scalars substituted) and what came.
+straight-line code: scalar kinds and ranges, each tensor's type, dtype, device and rank (which
+makes its input words readable), the spec's ``launch.requires`` preconditions, then per
+pointer its dtype, device, contiguity, size and alignment, per tensor its extents, strides and
+alignment (``_tensors``), then the grid. Only a failing check takes the slow path here, which
+raises :class:`LaunchArgumentError` naming the argument, what was expected (with the runtime
+values substituted) and what came.
 
 Sizes. A pointer argument with a declared ``shape`` accepts
 
@@ -26,12 +28,21 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ._abi import DTYPES, SCALAR_KINDS, Arg
-from ._codegen import Codegen
+from ._codegen import Codegen, word_sources
 from ._expr import Expr
 from ._index import IndexEntry
+from ._params import InputWord
+from ._tensors import TensorChecks
 from .errors import LaunchArgumentError
 
-__all__ = ["NOT_A_POINTER", "Buffer", "UncheckedSizeWarning", "checked_source", "scalar_error"]
+__all__ = [
+    "NOT_A_POINTER",
+    "Buffer",
+    "UncheckedSizeWarning",
+    "checked_source",
+    "checked_sources",
+    "scalar_error",
+]
 
 _GRID_LIMITS = ((1 << 31) - 1, 65535, 65535)  # x, y, z: what cuLaunchKernel accepts
 _ADDRESS_LIMIT = 1 << 64
@@ -58,16 +69,25 @@ def checked(self, {params}*extra, stream=None):
     if extra or {last} is MISSING:
         wrong_count(({sig}*extra,))
     try:
-{args}{body}    except ArithmeticError as exc:
-        unevaluable(exc, ({sig}))
+{intake}{args}{body}    except ArithmeticError as exc:
+        unevaluable(exc, {runtime})
 """
 
 
-def checked_source(entry: IndexEntry, cg: Codegen, device: int) -> tuple[str, str, list[str]]:
-    """The source of ``checked`` for this variant up to its launch, the values to pack
-    (validated pointers as ``p{i}``) and the grid dimensions it checked (for the launch line);
-    binds what it needs into ``cg.env``."""
-    diag = _Diagnostics(entry, device, cg.positions)
+def checked_sources(words: Sequence[InputWord]) -> dict[str, str]:
+    """Where ``checked`` reads each input word once validated: a pointer's address as
+    ``p{i}``, a tensor's as ``q{i}``, its extents and strides from ``s{i}``/``d{i}``."""
+    return word_sources(words, "p{i}", "q{i}")
+
+
+def checked_source(
+    entry: IndexEntry, cg: Codegen, device: int, words: Sequence[Expr]
+) -> tuple[str, str, list[str]]:
+    """The source of ``checked`` for this variant up to its launch, the parameter words to
+    pack and the grid dimensions it checked (for the launch line); binds what it needs into
+    ``cg.env``."""
+    diag = _Diagnostics(entry, device, [w.name for w in cg.words if w.part in ("value", "shape", "stride")])
+    tensors = TensorChecks(entry, cg, device)
     cg.env.update(
         MISSING=_MISSING,
         wrong_count=diag.wrong_count,
@@ -78,7 +98,7 @@ def checked_source(entry: IndexEntry, cg: Codegen, device: int) -> tuple[str, st
         bad_scalar=diag.bad_scalar,
         unmet=diag.unmet,
         raw_address=diag.raw_address,
-        buffer_address=diag.buffer_address,
+        buffer_size=diag.buffer_size,
         bad_dtype=diag.bad_dtype,
         bad_device=diag.bad_device,
         not_contiguous=diag.not_contiguous,
@@ -87,16 +107,26 @@ def checked_source(entry: IndexEntry, cg: Codegen, device: int) -> tuple[str, st
         misaligned=diag.misaligned,
         bad_grid=diag.bad_grid,
     )
+    intake: list[str] = []  # what makes every input word readable
+    for i, arg in enumerate(entry.args):
+        if arg.is_scalar:
+            intake.append(_scalar(i, arg))
     body: list[str] = []
     for i, arg in enumerate(entry.args):
-        if not arg.is_pointer:
-            body.append(_scalar(i, arg))
-    for j, expr in enumerate(entry.geometry.requires):
-        body.append(f"    if not ({cg.value(expr)}):\n        unmet({j}, ({cg.signature}))\n")
-    for i, arg in enumerate(entry.args):
         if arg.is_pointer:
-            body.append(_pointer(i, arg, cg, device))
+            intake.append(_pointer_intake(i, device))
+            body.append(_pointer(i, arg, cg))
+        elif arg.is_tensor:
+            intake.append(tensors.intake(i, arg))
+            body.append(tensors.modes(i, arg))
+    runtime = diag.runtime_sources(cg)
+    requires = [
+        f"    if not ({cg.value(expr)}):\n        unmet({j}, {runtime})\n"
+        for j, expr in enumerate(entry.geometry.requires)
+    ]
+    body = requires + body  # in the spec's order, before the sizes they guard
     dims = [cg.value(e) for e in entry.geometry.grid]
+    packed = ", ".join(cg.value(w) for w in words)
     # A literal in range needs no check per call; anything else (a negative literal too) gets one.
     bounds = [
         f"0 <= {d} <= {limit}"
@@ -109,11 +139,12 @@ def checked_source(entry: IndexEntry, cg: Codegen, device: int) -> tuple[str, st
         params="".join(f"{n}=MISSING, " for n in cg.names),
         last=cg.names[-1] if cg.names else "None",
         sig=cg.signature,
+        runtime=runtime,
+        intake=_indent("".join(intake)),
         args=_indent(cg.args_line),
         body=_indent("".join(body)) or "        pass\n",
     )
-    values = ", ".join(f"p{i}" if a.is_pointer else f"a{i}" for i, a in enumerate(entry.args))
-    return source, values, dims
+    return source, packed, dims
 
 
 def _indent(lines: str) -> str:
@@ -132,33 +163,49 @@ def _scalar(i: int, arg: Arg) -> str:
     return f"    if {test}:\n        bad_scalar({i}, a{i})\n"
 
 
-def _pointer(i: int, arg: Arg, cg: Codegen, device: int) -> str:
+def _pointer_intake(i: int, device: int) -> str:
+    """The pointer's address as ``p{i}``, from an int, a :class:`Buffer` or a tensor (whose
+    dtype, device and contiguity are checked here)."""
     n = f"a{i}"
-    shape = cg.values(tuple(Expr.parse(d) for d in arg.shape)) if arg.shape is not None else None
-    lines = [f"    if {n}.__class__ is int:"]
-    lines.append(f"        raw_address({i})" if shape is not None else f"        p{i} = {n}")
-    lines.append(f"        if not 0 <= p{i} < {_ADDRESS_LIMIT}:\n            bad_address({i}, p{i})")
-    lines.append(f"    elif {n}.__class__ is Buffer:")
-    lines.append(f"        p{i} = buffer_address({i}, {n}, {shape})")
-    lines += [
-        "    else:",
-        "        try:",
-        f"            if {n}.dtype is not DT[{i}]:",
-        f"                bad_dtype({i}, {n})",
-        f"            if {n}.get_device() != {device}:",
-        f"                bad_device({i}, {n})",
-        f"            if not {n}.is_contiguous():",
-        f"                not_contiguous({i}, {n})",
-    ]
-    if shape is not None:
-        lines += [f"            if {n}.shape != {shape}:", f"                shape_rule({i}, {n}, {shape})"]
-    lines += [
-        f"            p{i} = {n}.data_ptr()",
-        "        except AttributeError:",
-        f"            not_a_pointer({i}, {n})",
-        f"    if p{i} % {arg.align}:",
-        f"        misaligned({i}, p{i})",
-    ]
+    return (
+        "\n".join(
+            [
+                f"    if {n}.__class__ is int or {n}.__class__ is Buffer:",
+                f"        p{i} = {n} if {n}.__class__ is int else {n}.address",
+                f"        if not 0 <= p{i} < {_ADDRESS_LIMIT}:",
+                f"            bad_address({i}, p{i})",
+                "    else:",
+                "        try:",
+                f"            if {n}.dtype is not DT[{i}]:",
+                f"                bad_dtype({i}, {n})",
+                f"            if {n}.get_device() != {device}:",
+                f"                bad_device({i}, {n})",
+                f"            if not {n}.is_contiguous():",
+                f"                not_contiguous({i}, {n})",
+                f"            p{i} = {n}.data_ptr()",
+                "        except AttributeError:",
+                f"            not_a_pointer({i}, {n})",
+            ]
+        )
+        + "\n"
+    )
+
+
+def _pointer(i: int, arg: Arg, cg: Codegen) -> str:
+    """The pointer's size against its declared shape, and its alignment."""
+    n = f"a{i}"
+    lines = []
+    if arg.shape is not None:
+        shape = cg.values(tuple(Expr.parse(d) for d in arg.shape))
+        lines += [
+            f"    if {n}.__class__ is int:",
+            f"        raw_address({i})",
+            f"    elif {n}.__class__ is Buffer:",
+            f"        buffer_size({i}, {n}, {shape})",
+            f"    elif {n}.shape != {shape}:",
+            f"        shape_rule({i}, {n}, {shape})",
+        ]
+    lines += [f"    if p{i} % {arg.align}:", f"        misaligned({i}, p{i})"]
     return "\n".join(lines) + "\n"
 
 
@@ -198,14 +245,14 @@ _MISSING = _Missing()
 class _Diagnostics:
     """The slow path of ``checked``: says exactly what is wrong, or lets an allowed case pass."""
 
-    __slots__ = ("args", "device", "name", "positions", "requires", "torch_dtypes")
+    __slots__ = ("args", "device", "name", "requires", "runtime", "torch_dtypes")
 
-    def __init__(self, entry: IndexEntry, device: int, positions: dict[str, int]) -> None:
+    def __init__(self, entry: IndexEntry, device: int, runtime: list[str]) -> None:
         self.name = entry.label
         self.args = entry.args
         self.requires = entry.geometry.requires
         self.device = device
-        self.positions = positions
+        self.runtime = runtime  # the runtime values an error message substitutes, in order
         self.torch_dtypes: list[Any] = [None] * len(self.args)
         self._load_torch_dtypes()
 
@@ -214,7 +261,7 @@ class _Diagnostics:
         if torch is None:
             return False
         for i, arg in enumerate(self.args):
-            if arg.is_pointer:
+            if arg.addresses_memory:
                 self.torch_dtypes[i] = getattr(torch, DTYPES[arg.dtype].torch_name, None)  # type: ignore[index]
         return True
 
@@ -226,8 +273,13 @@ class _Diagnostics:
     def _error(self, i: int, problem: str, got: object) -> LaunchArgumentError:
         return LaunchArgumentError(self.name, self.args[i].name, problem, got)
 
+    def runtime_sources(self, cg: Codegen) -> str:
+        """A tuple display of the runtime values, in :attr:`runtime`'s order, for messages
+        (read once every input word is bound, after the intake)."""
+        return "(" + "".join(f"{cg.sources[n]}, " for n in self.runtime) + ")"
+
     def _scalars(self, values: Sequence[Any]) -> str:
-        return ", ".join(f"{name}={values[i]}" for name, i in self.positions.items())
+        return ", ".join(f"{name}={value}" for name, value in zip(self.runtime, values, strict=True))
 
     def bad_scalar(self, i: int, value: Any) -> None:
         error = scalar_error(self.name, self.args[i], value)
@@ -259,17 +311,11 @@ class _Diagnostics:
             "int",
         )
 
-    def buffer_address(self, i: int, buffer: Buffer, shape: tuple[int, ...] | None) -> int:
-        if not 0 <= buffer.address < _ADDRESS_LIMIT:
-            self.bad_address(i, buffer.address)
-        if shape is not None:
-            self._no_negative(i, shape)
-            need = math.prod(shape) * DTYPES[self.args[i].dtype].itemsize  # type: ignore[index]
-            if buffer.nbytes < need:
-                raise self._error(
-                    i, f"needs {need} bytes for shape {shape}", f"Buffer of {buffer.nbytes} bytes"
-                )
-        return buffer.address
+    def buffer_size(self, i: int, buffer: Buffer, shape: tuple[int, ...]) -> None:
+        self._no_negative(i, shape)
+        need = math.prod(shape) * DTYPES[self.args[i].dtype].itemsize  # type: ignore[index]
+        if buffer.nbytes < need:
+            raise self._error(i, f"needs {need} bytes for shape {shape}", f"Buffer of {buffer.nbytes} bytes")
 
     def bad_dtype(self, i: int, value: Any) -> None:
         if self.torch_dtypes[i] is None and self._load_torch_dtypes() and value.dtype is self.torch_dtypes[i]:

@@ -2,35 +2,66 @@
 
 Prepared launches generate their ``__call__`` and ``checked`` per variant ABI (as Triton's
 binder does), so a call runs straight-line code. That source is assembled only from fixed
-templates, the positional names ``a0``, ``a1``, ..., integer and boolean literals, the
-expression grammar's own operators, and names bound in its environment: no text from a spec
-ever reaches it. An expression over params and scalar arguments becomes inline Python of that
-kind (``Expr.python``: params folded, scalar arguments by position), or, where it cannot, a
-call of a closure that the whitelisted evaluator in ``_expr`` compiled, over the argument
-tuple ``A``.
+templates, the positional names ``a0``, ``a1``, ..., the locals the templates bind (``s0``,
+a tensor's shape; ``d0``, its strides; ``p0``/``q0``, checked addresses), integer and boolean
+literals, the expression grammar's own operators, and names bound in its environment: no text
+from a spec or a registry ever reaches it. An expression over params and input words becomes
+inline Python (``Expr.python``: params folded, each input word read where its argument holds
+it), or, where it cannot, a call of a closure that the whitelisted evaluator in ``_expr``
+compiled, over the tuple ``A`` of every input word.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._expr import Expr, cdiv
+from ._expr import Expr, cdiv, tdiv, tmod
 from ._index import IndexEntry
+from ._params import InputWord
 from .errors import ExpressionError
 
-__all__ = ["Codegen"]
+__all__ = ["Codegen", "plain_sources", "word_sources"]
+
+
+def word_sources(words: Sequence[InputWord], address: str, data: str) -> dict[str, str]:
+    """Where generated code reads each input word: a scalar as its argument ``a{i}``, a
+    pointer's address and a tensor's pointer as the ``address``/``data`` templates give them
+    (``{n}`` the argument, ``{i}`` its position), a tensor's extents and strides from
+    ``s{i}``/``d{i}`` (its shape and strides, read once per call)."""
+    out: dict[str, str] = {}
+    for w in words:
+        n = f"a{w.arg}"
+        if w.part == "value":
+            out[w.name] = n
+        elif w.part in ("address", "data"):
+            out[w.name] = (address if w.part == "address" else data).format(n=n, i=w.arg)
+        else:
+            out[w.name] = f"{'s' if w.part == 'shape' else 'd'}{w.arg}[{w.mode}]"
+    return out
+
+
+def plain_sources(words: Sequence[InputWord]) -> dict[str, str]:
+    """The plain call's: a pointer as an int or through ``data_ptr()``, a tensor through
+    ``data_ptr()``; shapes and strides bound by :meth:`Codegen.prelude`."""
+    return word_sources(words, "({n} if {n}.__class__ is int else {n}.data_ptr())", "{n}.data_ptr()")
 
 
 class Codegen:
     """Source fragments for one variant's generated functions, and the environment they need."""
 
-    __slots__ = ("env", "names", "params", "positions", "uses_args")
+    __slots__ = ("env", "names", "order", "params", "sources", "uses_args", "words")
 
-    def __init__(self, entry: IndexEntry, env: dict[str, Any]) -> None:
+    def __init__(
+        self, entry: IndexEntry, env: dict[str, Any], words: Sequence[InputWord], sources: Mapping[str, str]
+    ) -> None:
         self.params = entry.params
-        self.positions = {a.name: i for i, a in enumerate(entry.args) if not a.is_pointer}
         self.names = [f"a{i}" for i in range(len(entry.args))]
+        self.words = tuple(words)
+        self.sources = dict(sources)
+        self.order = list(self.sources)
         self.env = env
+        env.update(_cdiv=cdiv, _tdiv=tdiv, _tmod=tmod)
         self.uses_args = False  # whether a fragment reads the tuple ``A``
 
     @property
@@ -41,15 +72,25 @@ class Codegen:
     @property
     def args_line(self) -> str:
         """The line that binds ``A``, when some fragment reads it."""
-        return f"    A = ({self.signature})\n" if self.uses_args else ""
+        if not self.uses_args:
+            return ""
+        return f"    A = ({''.join(f'{self.sources[n]}, ' for n in self.order)})\n"
+
+    def prelude(self) -> str:
+        """The lines that read each tensor's shape and strides once, for the plain call."""
+        lines = []
+        for arg in sorted({w.arg for w in self.words if w.part == "shape"}):
+            lines.append(f"        s{arg} = a{arg}.shape\n")
+        for arg in sorted({w.arg for w in self.words if w.part == "stride"}):
+            lines.append(f"        d{arg} = a{arg}.stride()\n")
+        return "".join(lines)
 
     def value(self, expr: Expr) -> str:
-        """Source that evaluates ``expr`` over this call's arguments."""
-        source = expr.python(self.params, self.positions)
+        """Source that evaluates ``expr`` over this call's input words."""
+        source = expr.python(self.params, self.sources)
         if source is not None:
-            self.env["_cdiv"] = cdiv
             return source
-        folded = expr.compile(self.params, self.positions)
+        folded = expr.compile(self.params, {n: i for i, n in enumerate(self.order)})
         if not callable(folded):  # Expr.python folds every int and bool: this one is neither
             raise ExpressionError(expr.source, f"must evaluate to an integer (got {folded!r})")
         name = f"_x{len(self.env)}"  # unique in the environment every generated function shares

@@ -2,9 +2,12 @@
 
 Spec constraints, the DSL host launch and the loader's launch all read the same expressions,
 so they are parsed once with :mod:`ast` and walked by hand: never ``eval``. The grammar is
-integer arithmetic (``+ - * // % << >>``), comparisons, ``and/or/not``, ``x if c else y``,
-tuples for ``in``, string and integer literals, names, and four functions: ``cdiv(a, b)``
-(ceiling division), ``min``, ``max`` and ``sizeof(dtype)`` (bytes per element).
+integer arithmetic (``+ - * // % << >>``, bitwise ``& | ^``), comparisons, ``and/or/not``,
+``x if c else y``, tuples for ``in``, string and integer literals, names, and the functions
+``cdiv(a, b)`` (ceiling division), ``min``, ``max``, ``sizeof(dtype)`` (bytes per element),
+``dtype(name)`` (a dtype name, checked: the compiler reads it as the DSL's numeric type) and
+``tdiv``/``tmod`` (C's truncating division and remainder, which the words a host function
+computes for a kernel's parameters use).
 
 Evaluation is duck-typed, so the same tree evaluates over Python ints (constraints, the
 loader) and over the DSL's traced ``Int32`` values (the kernel's host launch function, which
@@ -24,7 +27,7 @@ from typing import Any
 from ._abi import DTYPES
 from .errors import ExpressionError
 
-__all__ = ["Expr", "cdiv"]
+__all__ = ["TRACED", "Expr", "cdiv", "tdiv", "tmod"]
 
 
 def cdiv(a: Any, b: Any) -> Any:
@@ -32,11 +35,33 @@ def cdiv(a: Any, b: Any) -> Any:
     return (a + b - 1) // b
 
 
+def tdiv(a: int, b: int) -> int:
+    """Division truncating toward zero, as C and LLVM's ``sdiv`` divide."""
+    q = abs(a) // abs(b)
+    return q if (a < 0) == (b < 0) else -q
+
+
+def tmod(a: int, b: int) -> int:
+    """The remainder of :func:`tdiv` (the sign of ``a``), as LLVM's ``srem``."""
+    return a - b * tdiv(a, b)
+
+
 def _sizeof(name: Any) -> int:
     if name not in DTYPES:
         raise ExpressionError(str(name), f"sizeof() takes a dtype name, one of {', '.join(DTYPES)}")
     return DTYPES[name].itemsize
 
+
+def _dtype(name: Any) -> str:
+    if name not in DTYPES:
+        raise ExpressionError(str(name), f"dtype() takes a dtype name, one of {', '.join(DTYPES)}")
+    return str(name)
+
+
+# In ``functions``, TRACED marks an evaluation over traced DSL values, whose comparisons have no
+# Python truth value: conditionals, ``and``/``or``/``not`` and chained comparisons then go through
+# the "select", "and", "or" and "not" functions it also passes.
+TRACED = "__traced__"
 
 # Shift counts past any launch value: a larger one would only build a huge integer (or, negative,
 # raise a ValueError that names no expression).
@@ -60,6 +85,9 @@ _BINOPS: Mapping[type, Callable[[Any, Any], Any]] = {
     ast.Mod: operator.mod,
     ast.LShift: _checked_shift(operator.lshift, "<<"),
     ast.RShift: _checked_shift(operator.rshift, ">>"),
+    ast.BitAnd: operator.and_,
+    ast.BitOr: operator.or_,
+    ast.BitXor: operator.xor,
 }
 _UNARY: Mapping[type, Callable[[Any], Any]] = {
     ast.USub: operator.neg,
@@ -81,8 +109,19 @@ _FUNCTIONS: Mapping[str, Callable[..., Any]] = {
     "min": min,
     "max": max,
     "sizeof": _sizeof,
+    "dtype": _dtype,
+    "tdiv": tdiv,
+    "tmod": tmod,
 }
-_ARITY: Mapping[str, tuple[int, int]] = {"cdiv": (2, 2), "min": (2, 8), "max": (2, 8), "sizeof": (1, 1)}
+_ARITY: Mapping[str, tuple[int, int]] = {
+    "cdiv": (2, 2),
+    "min": (2, 8),
+    "max": (2, 8),
+    "sizeof": (1, 1),
+    "dtype": (1, 1),
+    "tdiv": (2, 2),
+    "tmod": (2, 2),
+}
 # Nodes that need no check of their own: containers, contexts and the operators that the
 # BinOp/UnaryOp/Compare checks have already vetted (ast.walk visits parents first).
 _PASSIVE_NODES = (
@@ -100,16 +139,18 @@ _PASSIVE_NODES = (
 )
 
 
+def _free_names(node: ast.AST) -> set[str]:
+    """The names ``node`` reads: every name but the functions it calls (a param may be named
+    like a function, ``dtype``)."""
+    called = {id(n.func) for n in ast.walk(node) if isinstance(n, ast.Call)}
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and id(n) not in called}
+
+
 def _check(node: ast.AST, source: str) -> frozenset[str]:
     """Reject every node outside the grammar; return the free names."""
-    names: set[str] = set()
     for sub in ast.walk(node):
-        if isinstance(sub, _PASSIVE_NODES):
+        if isinstance(sub, (*_PASSIVE_NODES, ast.Name)):
             continue
-        if isinstance(sub, ast.Name):
-            if sub.id in _FUNCTIONS:
-                continue
-            names.add(sub.id)
         elif isinstance(sub, ast.Constant):
             if not isinstance(sub.value, int | str) or sub.value is None:
                 raise ExpressionError(source, f"literal {sub.value!r} is not an integer or string")
@@ -133,7 +174,7 @@ def _check(node: ast.AST, source: str) -> frozenset[str]:
                 raise ExpressionError(source, f"{func.id}() takes {lo}..{hi} positional arguments")
         else:
             raise ExpressionError(source, f"{type(sub).__name__} is not allowed in an expression")
-    return frozenset(names)
+    return frozenset(_free_names(node))
 
 
 def _walk(node: ast.AST, env: Mapping[str, Any], funcs: Mapping[str, Callable[..., Any]] = _FUNCTIONS) -> Any:
@@ -148,19 +189,28 @@ def _walk(node: ast.AST, env: Mapping[str, Any], funcs: Mapping[str, Callable[..
         return _BINOPS[type(node.op)](_walk(node.left, env, funcs), _walk(node.right, env, funcs))
     if isinstance(node, ast.UnaryOp):
         return _UNARY[type(node.op)](_walk(node.operand, env, funcs))
+    traced = TRACED in funcs
     if isinstance(node, ast.Compare):
         left = _walk(node.left, env, funcs)
+        results = []
         for op, comparator in zip(node.ops, node.comparators, strict=True):
             right = _walk(comparator, env, funcs)
-            if not _COMPARE[type(op)](left, right):
+            results.append(_COMPARE[type(op)](left, right))
+            if not traced and not results[-1]:
                 return False
             left = right
-        return True
+        return functools.reduce(funcs["and"], results) if traced else True
     if isinstance(node, ast.BoolOp):
+        values = [_walk(v, env, funcs) for v in node.values] if traced else None
+        if values is not None:
+            return functools.reduce(funcs["and" if isinstance(node.op, ast.And) else "or"], values)
         if isinstance(node.op, ast.And):
             return all(_walk(v, env, funcs) for v in node.values)
         return any(_walk(v, env, funcs) for v in node.values)
     if isinstance(node, ast.IfExp):
+        if traced:  # a traced condition has no Python truth value: both sides, then a select
+            test, body, orelse = (_walk(n, env, funcs) for n in (node.test, node.body, node.orelse))
+            return funcs["select"](test, body, orelse)
         return (
             _walk(node.body, env, funcs) if _walk(node.test, env, funcs) else _walk(node.orelse, env, funcs)
         )
@@ -176,7 +226,7 @@ def _closure(node: ast.AST, constants: Mapping[str, Any], positions: Mapping[str
     """Fold constant subtrees; return a value, or a closure over the positional args."""
     if isinstance(node, ast.Name) and node.id in positions:
         return operator.itemgetter(positions[node.id])
-    free = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id not in _FUNCTIONS}
+    free = _free_names(node)
     if not free & positions.keys():
         return _walk(node, constants)
     if isinstance(node, ast.BinOp):
@@ -216,6 +266,9 @@ _SYMBOLS: Mapping[type, str] = {
     ast.Mod: "%",
     ast.LShift: "<<",
     ast.RShift: ">>",
+    ast.BitAnd: "&",
+    ast.BitOr: "|",
+    ast.BitXor: "^",
     ast.USub: "-",
     ast.UAdd: "+",
     ast.Not: "not ",
@@ -228,19 +281,25 @@ _SYMBOLS: Mapping[type, str] = {
     ast.And: " and ",
     ast.Or: " or ",
 }
-_EMITTED_CALLS = {"cdiv": "_cdiv", "min": "min", "max": "max"}  # names the caller binds
+_EMITTED_CALLS = {
+    "cdiv": "_cdiv",
+    "min": "min",
+    "max": "max",
+    "tdiv": "_tdiv",
+    "tmod": "_tmod",
+}  # the caller binds them
 
 
-def _python(node: ast.AST, constants: Mapping[str, Any], positions: Mapping[str, int]) -> str | None:
+def _python(node: ast.AST, constants: Mapping[str, Any], positions: Mapping[str, str]) -> str | None:
     """Python source for ``node``: params folded to int or bool literals, runtime names as the
-    positional parameters ``a{i}``, operators from ``_SYMBOLS``. None where it cannot (a string
-    value, ``in``, ``sizeof`` of a runtime name): the caller then uses :func:`_closure`."""
-    free = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id not in _FUNCTIONS}
+    sources ``positions`` gives them, operators from ``_SYMBOLS``. None where it cannot (a
+    string value, ``in``, ``sizeof`` of a runtime name): the caller then uses :func:`_closure`."""
+    free = _free_names(node)
     if not free & positions.keys():
         value = _walk(node, constants)
         return repr(value) if value.__class__ in (int, bool) else None
     if isinstance(node, ast.Name):
-        return f"a{positions[node.id]}"
+        return positions[node.id]
     parts: list[str | None]
     if isinstance(node, ast.BinOp):
         if isinstance(node.op, ast.LShift | ast.RShift):
@@ -338,17 +397,31 @@ class Expr:
             raise ExpressionError(self.source, f"unbound name(s): {', '.join(sorted(unbound))}")
         return _closure(self._tree.body, constants, positions)
 
-    def python(self, constants: Mapping[str, Any], positions: Mapping[str, int]) -> str | None:
-        """Python source that evaluates this expression inside a generated function whose
-        positional parameters are ``a0, a1, ...``: ``constants`` folded into int or bool
-        literals, the runtime name ``n`` read as ``a{positions[n]}``, ``cdiv`` as ``_cdiv``.
-        Only literals, those parameter names and the grammar's own operators appear in it, never
-        text from the source. None when the expression needs the evaluator (use :meth:`compile`).
+    def python(self, constants: Mapping[str, Any], sources: Mapping[str, str]) -> str | None:
+        """Python source that evaluates this expression inside a generated function:
+        ``constants`` folded into int or bool literals, the runtime name ``n`` read as
+        ``sources[n]`` (an atom the caller generates, such as ``a3`` or ``s0[1]``), ``cdiv`` as
+        ``_cdiv``. Only literals, those sources and the grammar's own operators appear in it,
+        never text from the expression. None when the expression needs the evaluator (use
+        :meth:`compile`).
         """
+        positions = sources
         unbound = self.names - constants.keys() - positions.keys()
         if unbound:
             raise ExpressionError(self.source, f"unbound name(s): {', '.join(sorted(unbound))}")
         return _python(self._tree.body, constants, positions)
+
+    def substitute(self, bound: Mapping[str, Expr]) -> Expr:
+        """This expression with each name in ``bound`` replaced by its expression."""
+        if not self.names & bound.keys():
+            return self
+
+        class _Replace(ast.NodeTransformer):
+            def visit_Name(self, node: ast.Name) -> ast.AST:
+                return bound[node.id]._tree.body if node.id in bound else node
+
+        tree = _Replace().visit(ast.parse(self.source, mode="eval"))
+        return Expr.parse(ast.unparse(tree))
 
     def __str__(self) -> str:
         return self.source

@@ -18,13 +18,14 @@ from ._abi import Arg
 from ._expr import Expr
 from ._geometry import Geometry, StaticGeometry
 from ._keys import VariantId, variant_label
+from ._params import InputWord, KernelParam, default_params, input_words, params_from_json, symbol_bindings
 from .errors import IntegrityError, LaunchArgumentError, RegistryFormatError
 
 __all__ = ["READABLE_SCHEMA", "IndexEntry", "RegistryIndex", "blob_path"]
 
 # The registry schema versions this loader reads. The registry package's SCHEMA_VERSION must
 # be among them; a test keeps the two in step.
-READABLE_SCHEMA = (1,)
+READABLE_SCHEMA = (1, 2)
 
 _QUERY = """
 SELECT c.key, v.family, v.abi, v.arch, v.params_json, v.artifact_sha256,
@@ -48,7 +49,13 @@ def _args(text: str) -> tuple[Arg, ...]:
 
 @functools.lru_cache(maxsize=1024)
 def _geometry(text: str) -> Geometry:
-    return Geometry.from_json(json.loads(text))
+    return Geometry.from_json(json.loads(text)).expanded()
+
+
+@functools.lru_cache(maxsize=1024)
+def _recorded_params(text: str) -> tuple[KernelParam, ...] | None:
+    recorded = json.loads(text).get("params")
+    return params_from_json(recorded) if recorded is not None else None
 
 
 @functools.lru_cache(maxsize=1024)
@@ -119,7 +126,20 @@ class IndexEntry:
 
     @property
     def geometry(self) -> Geometry:
+        """The recorded launch geometry, its ``let`` names substituted."""
         return _geometry(self._launch_json)
+
+    @property
+    def input_words(self) -> tuple[InputWord, ...]:
+        """The words a call's arguments supply (see ``_params``)."""
+        return input_words(self.args, self.params)
+
+    @property
+    def kernel_params(self) -> tuple[KernelParam, ...]:
+        """The kernel's parameters: recorded where the host function derives them, else one per
+        argument as given."""
+        recorded = _recorded_params(self._launch_json)
+        return recorded if recorded is not None else default_params(self.args, self.params)
 
     @property
     def static(self) -> StaticGeometry:
@@ -127,32 +147,33 @@ class IndexEntry:
         params = self.params
         return _static(self._launch_json, tuple(params.get(n) for n in _static_names(self._launch_json)))
 
-    def shapes(self, **scalars: int) -> dict[str, tuple[int, ...]]:
-        """Each pointer argument's shape, from the spec, for these scalar arguments.
+    def shapes(self, **values: int) -> dict[str, tuple[int, ...]]:
+        """Each pointer or tensor argument's shape, from the spec, for these runtime values: the
+        scalar arguments, and the symbols tensors bind (``shape: [m, k]``) that the shapes read.
 
-        Callers allocate outputs and scratch from it rather than copying a formula. Pointers
+        Callers allocate outputs and scratch from it rather than copying a formula. Arguments
         the spec gives no shape are left out. Raises :class:`LaunchArgumentError` naming a
-        scalar that is missing, unknown, or gives a negative dimension.
+        value that is missing, unknown, or gives a negative dimension.
         """
-        shaped = [(a, [Expr.parse(d) for d in a.shape]) for a in self.args if a.is_pointer and a.shape]
-        known = {a.name for a in self.args if not a.is_pointer}
+        shaped = [(a, [Expr.parse(d) for d in a.shape]) for a in self.args if a.addresses_memory and a.shape]
+        known = {a.name for a in self.args if a.is_scalar} | set(symbol_bindings(self.args, self.params))
         needed = set().union(*(e.names for _, dims in shaped for e in dims)) & known
-        for name, value in scalars.items():
+        for name, value in values.items():
             if value.__class__ is not int:
                 raise LaunchArgumentError(self.label, name, "must be an int for shapes()", repr(value))
-        if needed - scalars.keys() or scalars.keys() - known:
+        if needed - values.keys() or values.keys() - known:
             raise LaunchArgumentError(
                 self.label,
                 "*",
-                f"shapes() takes the scalar arguments {', '.join(sorted(needed)) or '(none)'}",
-                ", ".join(sorted(scalars)) or "none",
+                f"shapes() takes the values {', '.join(sorted(needed)) or '(none)'}",
+                ", ".join(sorted(values)) or "none",
             )
-        env = {**self.params, **scalars}
+        env = {**self.params, **values}
         out = {a.name: tuple(int(e.evaluate(env)) for e in dims) for a, dims in shaped}
         for name, shape in out.items():
             if any(d < 0 for d in shape):
                 raise LaunchArgumentError(
-                    self.label, name, "has a negative dimension for these scalars", shape
+                    self.label, name, "has a negative dimension for these values", shape
                 )
         return out
 

@@ -19,9 +19,11 @@ from typing import Any
 
 from cuda.bindings import driver as cu
 
-from ._abi import Arg, ParamLayout
+from ._abi import Arg
 from ._cuda import check, torch_stream_getter
+from ._expr import Expr
 from ._index import IndexEntry
+from ._params import ParamLayout
 from .errors import LaunchArgumentError
 
 # The code generators (``_codegen``, ``_checks``) load on the first prepare, not at import:
@@ -34,10 +36,19 @@ _SUCCESS = cu.CUresult.CUDA_SUCCESS
 _CALL = """\
 def __call__(self, {sig}*, stream=None):
     try:
-        pack(buf, 0, {values})
+{prelude}{args}        pack(buf, 0, {values})
     except Exception as exc:
         raise diagnose(({sig}), exc) from None
-{args}{launch}"""
+{launch}"""
+
+# ``checked`` packs after its checks; a derived word that still cannot pack (one too wide for
+# its width, a division by zero) is reported like a plain call's.
+_CHECKED_PACK = """\
+    try:
+        pack(buf, 0, {packed})
+    except Exception as exc:
+        raise diagnose(({sig}), exc) from None
+"""
 
 # The lines from the grid guard to the driver call; {call} is one of the two below.
 _LAUNCH = """\
@@ -105,17 +116,19 @@ class PreparedLaunch:
     def _bind(
         self, entry: IndexEntry, device: int, function: Any, stream: Any, namespace: dict[str, Any]
     ) -> None:
-        from ._checks import UncheckedSizeWarning, checked_source
-        from ._codegen import Codegen
+        from ._checks import UncheckedSizeWarning, checked_source, checked_sources
+        from ._codegen import Codegen, plain_sources
 
         self.entry = entry
         self.device = device
         self.name = entry.label
         self.args: tuple[Arg, ...] = entry.args
-        self.layout = ParamLayout.of(self.args)
+        params = entry.kernel_params
+        self.layout = ParamLayout.of(params)
+        words = [Expr.parse(w.expr) for p in params for w in sorted(p.words)]
         self._buf = ctypes.create_string_buffer(max(self.layout.size, 1))
         base = ctypes.addressof(self._buf)
-        self._argv = (ctypes.c_void_p * max(len(self.args), 1))(*(base + o for o in self.layout.offsets))
+        self._argv = (ctypes.c_void_p * max(len(params), 1))(*(base + o for o in self.layout.offsets))
         env: dict[str, Any] = {
             "pack": struct.Struct(self.layout.fmt).pack_into,
             "buf": self._buf,
@@ -150,18 +163,20 @@ class PreparedLaunch:
                 call=call,
             )
 
-        call = Codegen(entry, env)
-        values = [
-            f"{n} if {n}.__class__ is int else {n}.data_ptr()" if a.is_pointer else n
-            for n, a in zip(call.names, self.args, strict=True)
-        ]
+        inputs = entry.input_words
+        call = Codegen(entry, env, inputs, plain_sources(inputs))
+        values = [call.value(w) for w in words]
         launch = tail([call.value(e) for e in entry.geometry.grid])
         source = _CALL.format(
-            sig=call.signature, values=", ".join(values), args=call.args_line, launch=launch
+            sig=call.signature,
+            prelude=call.prelude(),
+            values=", ".join(values),
+            args="    " + call.args_line if call.args_line else "",
+            launch=launch,
         )
-        checks = Codegen(entry, env)
-        body, packed, dims = checked_source(entry, checks, device)
-        source += body + f"    pack(buf, 0, {packed})\n" + tail(dims)
+        checks = Codegen(entry, env, inputs, checked_sources(inputs))
+        body, packed, dims = checked_source(entry, checks, device, words)
+        source += body + _CHECKED_PACK.format(packed=packed, sig=checks.signature) + tail(dims)
         exec(compile(source, f"<prepared launch {entry.family}>", "exec"), env, namespace)
         unsized = [a.name for a in self.args if a.is_pointer and a.shape is None]
         if unsized:
@@ -210,11 +225,14 @@ class PreparedLaunch:
     def _diagnose(self, args: Sequence[Any], exc: Exception) -> LaunchArgumentError:
         """Why a plain call could not pack its arguments (the slow path, for errors only)."""
         from ._checks import NOT_A_POINTER, scalar_error
+        from ._tensors import NOT_A_TENSOR, is_tensor_like
 
         for arg, value in zip(self.args, args, strict=True):
             if arg.is_pointer and value.__class__ is not int and not hasattr(value, "data_ptr"):
                 return LaunchArgumentError(self.name, arg.name, NOT_A_POINTER, type(value).__name__)
-            error = None if arg.is_pointer else scalar_error(self.name, arg, value)
+            if arg.is_tensor and not is_tensor_like(value):
+                return LaunchArgumentError(self.name, arg.name, NOT_A_TENSOR, type(value).__name__)
+            error = scalar_error(self.name, arg, value) if arg.is_scalar else None
             if error is not None:
                 return error
         return LaunchArgumentError(

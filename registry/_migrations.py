@@ -15,8 +15,15 @@ from .errors import RegistryNotFound
 
 __all__ = ["MIGRATIONS", "migratable", "parse_schema_version"]
 
+
+def _to_2(conn: Connection) -> None:
+    """Schema 2 adds no column: a kernel's args and launch JSON may now hold tensor arguments,
+    the parameter words a host function derives and ``let`` bindings, which a loader reading
+    only schema 1 would misread; the version says which loaders may read the file."""
+
+
 # version v -> the function that upgrades a registry from v to v + 1.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _to_2}
 
 
 def migratable(version: int) -> bool:

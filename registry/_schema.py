@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 # Bump with every change to the tables below, and add a step to MIGRATIONS in _migrations.py.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: kernels' JSON may hold tensor arguments, recorded parameters and lets
 
 Sha256 = Annotated[str, mapped_column(String(64))]
 Name = Annotated[str, mapped_column(String(200))]

@@ -265,5 +265,5 @@ def checked_cubin(index: Any, entry: Any) -> Any:
     from b12x_aot.compiler import check_contract, inspect_cubin
 
     info = inspect_cubin(index.read_artifact(entry))
-    check_contract(info, entry.symbol, entry.arch, entry.args, entry.static)
+    check_contract(info, entry.symbol, entry.arch, entry.kernel_params, entry.static, entry.args)
     return info

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import sqlite3
 import subprocess
 import sys
@@ -59,28 +58,49 @@ def test_two_compiles_give_identical_bytes(
     assert first in recorded  # and the build recorded those very bytes
 
 
-def test_wrong_args_fail_the_param_table_check(tmp_path: Path) -> None:
+def _i64_num_tokens(tmp_path: Path) -> Path:
     # The kernel takes num_tokens as Int32; a spec claiming i64 must not reach the registry.
     text = TOPK_SMALL.replace("{name: num_tokens,  kind: i32}", "{name: num_tokens,  kind: i64}")
     text = text.replace("output: [fp32, bf16]", "output: [fp32]").replace(
         "cta_threads: [128, 256]", "cta_threads: [128]"
     )
-    write_spec(tmp_path, "wrong.yaml", text)
+    return write_spec(tmp_path, "wrong.yaml", text)
+
+
+def test_wrong_arg_kind_is_refused_before_compiling(tmp_path: Path) -> None:
+    spec = _i64_num_tokens(tmp_path)
     db = tmp_path / "r.db"
-    proc = run_compile(
-        str(tmp_path / "wrong.yaml"), "--registry", str(db), "--arch", "sm_90a", "--json", check=False
-    )
-    assert proc.returncode == 1
-    summary = json.loads(proc.stdout)
-    (failure,) = summary["failed"]
-    assert failure["stage"] == "contract"
+    proc = run_compile(str(spec), "--registry", str(db), "--arch", "sm_90a", check=False)
+    assert proc.returncode == 2, proc.stderr
     assert (
-        "argument 4 'num_tokens' (i64): spec wants offset 32 size 8, cubin has offset 32 size 4"
-        in failure["reason"]
+        f"{spec}:3: kernel: argument 'num_tokens' is i64 in the spec, but parameter 'num_tokens' "
+        "of the kernel is annotated Int32" in proc.stderr
     )
+    assert proc.stderr.count("error:") == 1  # once for the spec, not once per variant
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT count(*) FROM current_variants").fetchone()[0] == 0
-        assert conn.execute("SELECT count(*) FROM failures WHERE stage = 'contract'").fetchone()[0] == 1
+        assert conn.execute("SELECT count(*) FROM builds").fetchone()[0] == 0
+
+
+def test_wrong_args_fail_the_param_table_check(tmp_path: Path) -> None:
+    # Compiled past the entry check, the host function's parameters still betray the mismatch.
+    spec = _i64_num_tokens(tmp_path)
+    code = (
+        "from b12x_aot.compiler import CompileJob, compile_job, expand, load_spec, prepare_worker\n"
+        f"prepare_worker('sm_90a', {str(tmp_path)!r})\n"
+        f"v = expand(load_spec({str(spec)!r}), archs=['sm_90a']).accepted[0]\n"
+        "o = compile_job(CompileJob.of(v))\n"
+        "print(o.status, o.stage)\n"
+        "print(o.reason)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=600
+    )
+    status, reason = out.stdout.split("\n", 1)
+    assert status.split()[-2:] == ["failed", "contract"], out.stdout
+    assert (
+        "argument 4 'num_tokens' (i64): the spec packs 8 B (num_tokens as q), the kernel takes "
+        "4 B (num_tokens as i)" in reason
+    )
 
 
 def test_compiles_differ_across_params(built_registry: Path) -> None:

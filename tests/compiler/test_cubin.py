@@ -73,4 +73,4 @@ def test_real_cubins_rewritten_to_abi7_read_the_same(built_registry: Path) -> No
         rewritten = inspect_cubin(_as_abi7(cubin, original.sm))
         assert rewritten.sm == original.sm == ARCHS[entry.arch].sm
         assert rewritten.kernels == original.kernels
-        check_contract(rewritten, entry.symbol, entry.arch, entry.args, entry.static)
+        check_contract(rewritten, entry.symbol, entry.arch, entry.kernel_params, entry.static, entry.args)

@@ -4,19 +4,18 @@ import struct
 
 import pytest
 
-from b12x_aot.loader import Arg, ParamLayout
+from b12x_aot.loader import Arg, ParamLayout, default_params
 
 
 def test_natural_alignment_and_padding() -> None:
-    layout = ParamLayout.of(
-        [
-            Arg("a", "ptr", "fp32", 16),
-            Arg("n", "i32"),
-            Arg("b", "ptr", "bf16", 16),
-            Arg("x", "f32"),
-            Arg("y", "i64"),
-        ]
-    )
+    args = [
+        Arg("a", "ptr", "fp32", 16),
+        Arg("n", "i32"),
+        Arg("b", "ptr", "bf16", 16),
+        Arg("x", "f32"),
+        Arg("y", "i64"),
+    ]
+    layout = ParamLayout.of(default_params(args, {}))
     assert layout.offsets == (0, 8, 16, 24, 32)
     assert layout.sizes == (8, 4, 8, 4, 8)
     assert layout.size == 40

@@ -295,7 +295,7 @@ def test_shapes_names_missing_scalars() -> None:
     shapes = entry.shapes(num_tokens=3, num_experts=300)
     assert shapes["out"] == (3, 8, 2048) and shapes["w"] == (256, 2048, 3584)
     assert shapes["scratch"] == (4 + (2 + 24) * 17,)
-    with pytest.raises(LaunchArgumentError, match="takes the scalar arguments num_experts, num_tokens"):
+    with pytest.raises(LaunchArgumentError, match="takes the values num_experts, num_tokens"):
         entry.shapes(num_tokens=3)
 
 

@@ -120,7 +120,7 @@ def test_inline_python_evaluates_like_the_evaluator() -> None:
     ]
     for source in sources:
         expr = Expr.parse(source)
-        code = expr.python({"p": 5}, {"a": 0, "b": 1})
+        code = expr.python({"p": 5}, {"a": "a0", "b": "a1"})
         assert code is not None and "p" not in code.replace("a0", "").replace("a1", ""), (source, code)
         inline = eval(f"lambda a0, a1: {code}", {"_cdiv": cdiv})
         for a in range(-9, 10):
@@ -137,10 +137,10 @@ def test_inline_python_evaluates_like_the_evaluator() -> None:
 
 def test_inline_python_leaves_out_what_it_cannot_write() -> None:
     # a runtime or out-of-range shift count: the closure checks it, as the evaluator does
-    assert Expr.parse("a << b").python({}, {"a": 0, "b": 1}) is None
-    assert Expr.parse("a << 300").python({}, {"a": 0}) is None
+    assert Expr.parse("a << b").python({}, {"a": "a0", "b": "a1"}) is None
+    assert Expr.parse("a << 300").python({}, {"a": "a0"}) is None
     with pytest.raises(ExpressionError, match="a shift count must be"):
         Expr.parse("a << b").compile({}, {"a": 0, "b": 1})((1, -1))  # type: ignore[operator]
-    assert Expr.parse("a in (1, 2)").python({}, {"a": 0}) is None
+    assert Expr.parse("a in (1, 2)").python({}, {"a": "a0"}) is None
     assert Expr.parse("s == 'x'").python({"s": "x"}, {}) == "True"  # params fold to a literal
     assert Expr.parse("sizeof(s)").python({"s": "bf16"}, {}) == "2"

@@ -14,7 +14,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from b12x_aot.loader import Registry, RegistryFormatError
-from b12x_aot.registry import RegistryStore, SchemaMismatch, variant_rows
+from b12x_aot.registry import SCHEMA_VERSION, RegistryStore, SchemaMismatch, variant_rows
 
 from ..conftest import ROOT, TOPK_SMALL, current_rows, registry_cli, run_compile, write_spec
 
@@ -160,7 +160,9 @@ def test_a_newer_schema_is_refused_clearly(registry_url: str, spec_file: Path) -
     with store.write() as conn:
         conn.execute(text("UPDATE meta SET value = '99' WHERE key = 'schema_version'"))
     store.close()
-    with pytest.raises(SchemaMismatch, match=r"newer than this b12x-aot's 1\. Upgrade b12x-aot"):
+    with pytest.raises(
+        SchemaMismatch, match=rf"newer than this b12x-aot's {SCHEMA_VERSION}\. Upgrade b12x-aot"
+    ):
         RegistryStore.open(registry_url)
     proc = run_compile(str(spec_file), "--registry", registry_url, "--dry-run", check=False)
     assert proc.returncode == 2 and "schema version 99, newer than" in proc.stderr
@@ -168,7 +170,7 @@ def test_a_newer_schema_is_refused_clearly(registry_url: str, spec_file: Path) -
     assert migrate.returncode == 2 and "newer than" in migrate.stderr
     if "://" not in registry_url:
         with pytest.raises(
-            RegistryFormatError, match=r"registry schema 99; this loader reads 1\. Upgrade b12x-aot"
+            RegistryFormatError, match=r"registry schema 99; this loader reads 1, 2\. Upgrade b12x-aot"
         ):
             Registry.open(registry_url)
 
@@ -176,7 +178,7 @@ def test_a_newer_schema_is_refused_clearly(registry_url: str, spec_file: Path) -
 def test_migrate_is_explicit(registry_url: str) -> None:
     RegistryStore.open(registry_url, create=True).close()
     out = registry_cli("migrate", "-r", registry_url, check=False)
-    assert out.returncode == 0 and "already at schema 1" in out.stdout
+    assert out.returncode == 0 and "already at schema 2" in out.stdout
 
 
 def test_a_builder_killed_mid_build_leaves_nothing_half_written(

@@ -179,8 +179,8 @@ def test_migrate_speaks_json(fake_registry: FakeRegistry, run_cli) -> None:
     assert result.exit_code == 0
     assert json.loads(result.stdout) == {
         "registry": f"sqlite:///{fake_registry.path}",
-        "from": 1,
-        "to": 1,
+        "from": 2,
+        "to": 2,
         "migrated": False,
     }
 
@@ -229,9 +229,9 @@ def test_migrate_dry_run_says_what_would_change_and_writes_nothing(
     from b12x_aot.registry import _maintain, _migrations
 
     steps: list[int] = []
-    monkeypatch.setattr(_maintain, "SCHEMA_VERSION", 2)
-    monkeypatch.setattr(_migrations, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(_migrations.MIGRATIONS, 1, lambda conn: steps.append(1))
+    monkeypatch.setattr(_maintain, "SCHEMA_VERSION", 3)
+    monkeypatch.setattr(_migrations, "SCHEMA_VERSION", 3)
+    monkeypatch.setitem(_migrations.MIGRATIONS, 2, lambda conn: steps.append(2))
     fake_registry.store.close()
     path = fake_registry.path
     before = path.read_bytes()
@@ -239,12 +239,12 @@ def test_migrate_dry_run_says_what_would_change_and_writes_nothing(
     try:
         dry = run_cli("migrate", "-r", path, "--dry-run")
         assert dry.exit_code == 0, dry.output
-        assert "schema 1 -> 2 (dry run: nothing written)" in dry.stdout
+        assert "schema 2 -> 3 (dry run: nothing written)" in dry.stdout
         as_json = run_cli("migrate", "-r", path, "--dry-run", "--json")
         assert json.loads(as_json.stdout) == {
             "registry": f"sqlite:///{path}",
-            "from": 1,
-            "to": 2,
+            "from": 2,
+            "to": 3,
             "migrated": False,
             "dry_run": True,
             "would_migrate": True,
@@ -253,9 +253,9 @@ def test_migrate_dry_run_says_what_would_change_and_writes_nothing(
     finally:
         path.chmod(0o644)
     real = run_cli("migrate", "-r", path)
-    assert real.exit_code == 0 and "schema 1 -> 2" in real.stdout and steps == [1]
+    assert real.exit_code == 0 and "schema 2 -> 3" in real.stdout and steps == [2]
     again = run_cli("migrate", "-r", path, "--dry-run")
-    assert again.exit_code == 0 and "already at schema 2" in again.stdout
+    assert again.exit_code == 0 and "already at schema 3" in again.stdout
 
 
 def test_migrate_dry_run_refuses_what_migrate_refuses(fake_registry: FakeRegistry, run_cli) -> None:
