@@ -13,21 +13,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from b12x_aot.loader import (
-    DTYPES,
     ArgError,
     Expr,
-    ExpressionError,
     Geometry,
     canonical_hash,
     check_family,
 )
 
 from ._arch import ARCHS
-from ._spec_args import ArgTemplate, spec_symbols, tensor_template
+from ._spec_args import ArgTemplate, check_arg, spec_symbols, tensor_template
+from ._spec_yaml import Faults, compose, pydantic_faults
 from .errors import SpecError, SpecFault
 
 __all__ = [
@@ -208,100 +206,8 @@ def entry_value(value: EntryValue, params: Mapping[str, Any], functions: Mapping
     return value
 
 
-# --- YAML with line numbers -------------------------------------------------------------
-
-
-def _compose(text: str, path: Path) -> tuple[Any, dict[tuple[Any, ...], int]]:
-    """Parse YAML into plain objects plus a map from each value's path to its line."""
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark else 1
-        raise SpecError(
-            path, [SpecFault(line, "", f"invalid YAML: {getattr(exc, 'problem', exc)}")]
-        ) from None
-    if root is None:
-        raise SpecError(path, [SpecFault(1, "", "the file is empty")])
-    lines: dict[tuple[Any, ...], int] = {}
-    constructor = yaml.constructor.SafeConstructor()
-
-    def build(node: yaml.Node, where: tuple[Any, ...]) -> Any:
-        lines[where] = node.start_mark.line + 1
-        if isinstance(node, yaml.MappingNode):
-            out: dict[Any, Any] = {}
-            for key_node, value_node in node.value:
-                key = constructor.construct_object(key_node, deep=True)
-                if key in out:
-                    raise SpecError(
-                        path,
-                        [SpecFault(key_node.start_mark.line + 1, _dotted((*where, key)), "duplicate key")],
-                    )
-                out[key] = build(value_node, (*where, key))
-                lines[(*where, key)] = key_node.start_mark.line + 1
-            return out
-        if isinstance(node, yaml.SequenceNode):
-            return [build(item, (*where, i)) for i, item in enumerate(node.value)]
-        return constructor.construct_object(node, deep=True)
-
-    return build(root, ()), lines
-
-
-def _dotted(where: Iterable[Any]) -> str:
-    text = ""
-    for part in where:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
-
-
-def _line(lines: Mapping[tuple[Any, ...], int], where: tuple[Any, ...]) -> int:
-    while where and where not in lines:
-        where = where[:-1]
-    return lines.get(where, 1)
-
-
-# --- validation ---------------------------------------------------------------------------
-
-
-class _Faults:
-    def __init__(self, lines: Mapping[tuple[Any, ...], int]) -> None:
-        self.lines = lines
-        self.items: list[SpecFault] = []
-
-    def add(self, where: tuple[Any, ...], message: str) -> None:
-        self.items.append(SpecFault(_line(self.lines, where), _dotted(where), message))
-
-    def expr(self, where: tuple[Any, ...], source: str | int, allowed: Iterable[str]) -> Expr | None:
-        try:
-            expr = Expr.parse(source)
-        except ExpressionError as exc:
-            self.add(where, f"bad expression {source!r}: {exc.reason}")
-            return None
-        unknown = expr.names - set(allowed)
-        if unknown:
-            self.add(
-                where,
-                f"expression {source!r} reads {', '.join(sorted(unknown))}, which is not "
-                f"among: {', '.join(sorted(allowed)) or '(nothing)'}",
-            )
-            return None
-        return expr
-
-
-def _pydantic_faults(exc: ValidationError, faults: _Faults) -> None:
-    for err in exc.errors():
-        where = tuple(
-            p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-", "constrained-")))
-        )
-        # Unions report each branch's type name in loc; keep the path a user would write.
-        where = tuple(p for p in where if p not in ("int", "str", "bool", "list[...]", "none"))
-        got = err.get("input")
-        suffix = "" if err["type"] == "missing" else f" (got {got!r})"
-        faults.add(where, err["msg"] + suffix)
-
-
 def _validate(
-    model: _SpecModel, faults: _Faults
+    model: _SpecModel, faults: Faults
 ) -> tuple[tuple[ArgTemplate, ...], Geometry | None, list[Expr]]:
     try:
         check_family(model.family)
@@ -340,7 +246,7 @@ def _validate(
     return tuple(templates), _validate_launch(model.launch, params, runtime, faults), constraints
 
 
-def _validate_args(model: _SpecModel, faults: _Faults) -> list[ArgTemplate]:
+def _validate_args(model: _SpecModel, faults: Faults) -> list[ArgTemplate]:
     """Every argument as a template; a tensor's strides resolved and its dynamic modes decided."""
     params = list(model.params)
     arg_names = [a.name for a in model.args]
@@ -386,7 +292,7 @@ def _validate_args(model: _SpecModel, faults: _Faults) -> list[ArgTemplate]:
                     f"only a tensor argument takes {', '.join(extra)} (this one is {arg.kind})",
                 )
             template = ArgTemplate(arg.name, arg.kind, arg.dtype, arg.align, arg.intent, shape)
-        _check_arg(template, where, model.params, faults)
+        check_arg(template, where, model.params, faults)
         templates.append(template)
     symbols = spec_symbols(templates, params)
     memory = {a.name for a in templates if a.kind in ("ptr", "tensor")}
@@ -417,7 +323,7 @@ def _validate_args(model: _SpecModel, faults: _Faults) -> list[ArgTemplate]:
 
 
 def _validate_launch(
-    launch: _LaunchModel, params: list[str], runtime: list[str], faults: _Faults
+    launch: _LaunchModel, params: list[str], runtime: list[str], faults: Faults
 ) -> Geometry | None:
     """The launch geometry, its ``let`` names readable by what follows them; None on faults."""
     static_lets: list[str] = []  # lets over params alone, which block, smem and cluster may read
@@ -461,7 +367,7 @@ def _validate_launch(
 
 
 def _entry_values(
-    section: str, raw: Mapping[str, Any], params: list[str], faults: _Faults
+    section: str, raw: Mapping[str, Any], params: list[str], faults: Faults
 ) -> tuple[tuple[str, EntryValue], ...]:
     """``init`` or ``constexpr`` as values: expressions over the params, literals, tuples."""
 
@@ -487,32 +393,6 @@ def _entry_values(
     return tuple(out)
 
 
-def _check_arg(
-    arg: ArgTemplate, where: tuple[Any, ...], params: Mapping[str, list[Any]], faults: _Faults
-) -> None:
-    """Resolve the argument for every dtype its template can take and let :class:`Arg` judge."""
-    param = arg.template_param
-    if param is not None and param not in params:
-        faults.add((*where, "dtype"), f"template {arg.dtype!r} names no param")
-        return
-    candidates = [{param: v} for v in params[param]] if param is not None else [{}]
-    found: dict[tuple[str, str], list[Any]] = {}
-    for values in candidates:
-        try:
-            arg.resolve(values)
-        except ArgError as exc:
-            found.setdefault((exc.field, exc.reason), []).append(values.get(param))  # type: ignore[arg-type]
-    bad_dtypes = [v for (field, _), vs in found.items() if field == "dtype" for v in vs]
-    if param is not None and bad_dtypes:
-        faults.add(
-            (*where, "dtype"),
-            f"param {param!r} has values that are not dtypes: {bad_dtypes}; valid: {', '.join(DTYPES)}",
-        )
-    for field, reason in found:
-        if not (param is not None and field == "dtype"):
-            faults.add((*where, field) if field else where, reason)
-
-
 def load_spec(path: str | Path) -> Spec:
     """Load and validate one spec file. Raises :class:`SpecError` listing every fault."""
     path = Path(path)
@@ -525,14 +405,14 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError(
             path, [SpecFault(line, "", f"not UTF-8 text (byte {exc.start}: {exc.reason})")]
         ) from None
-    data, lines = _compose(text, path)
-    faults = _Faults(lines)
+    data, lines = compose(text, path)
+    faults = Faults(lines)
     if not isinstance(data, dict):
         raise SpecError(path, [SpecFault(1, "", "a spec must be a YAML mapping")])
     try:
         model = _SpecModel.model_validate(data)
     except ValidationError as exc:
-        _pydantic_faults(exc, faults)
+        pydantic_faults(exc, faults)
         raise SpecError(path, faults.items) from None
     args, geometry, constraints = _validate(model, faults)
     params = list(model.params)

@@ -19,7 +19,9 @@ from typing import Any
 
 from b12x_aot.loader import DTYPES, Arg, ArgError, Expr, ExpressionError, tensor_fields
 
-__all__ = ["ArgTemplate", "layout_strides", "spec_symbols", "static_extent", "tensor_template"]
+from ._spec_yaml import Faults
+
+__all__ = ["ArgTemplate", "check_arg", "layout_strides", "spec_symbols", "static_extent", "tensor_template"]
 
 _TEMPLATE = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 STRIDE_FORMS = ("row_major", "column_major", "dynamic")
@@ -185,3 +187,29 @@ def static_extent(entry: str, params: Mapping[str, Any]) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ExpressionError(entry, f"a static mode must be an int >= 0 (got {value!r})")
     return value
+
+
+def check_arg(
+    arg: ArgTemplate, where: tuple[Any, ...], params: Mapping[str, list[Any]], faults: Faults
+) -> None:
+    """Resolve the argument for every dtype its template can take and let :class:`Arg` judge."""
+    param = arg.template_param
+    if param is not None and param not in params:
+        faults.add((*where, "dtype"), f"template {arg.dtype!r} names no param")
+        return
+    candidates = [{param: v} for v in params[param]] if param is not None else [{}]
+    found: dict[tuple[str, str], list[Any]] = {}
+    for values in candidates:
+        try:
+            arg.resolve(values)
+        except ArgError as exc:
+            found.setdefault((exc.field, exc.reason), []).append(values.get(param))  # type: ignore[arg-type]
+    bad_dtypes = [v for (field, _), vs in found.items() if field == "dtype" for v in vs]
+    if param is not None and bad_dtypes:
+        faults.add(
+            (*where, "dtype"),
+            f"param {param!r} has values that are not dtypes: {bad_dtypes}; valid: {', '.join(DTYPES)}",
+        )
+    for field, reason in found:
+        if not (param is not None and field == "dtype"):
+            faults.add((*where, field) if field else where, reason)
