@@ -328,7 +328,11 @@ def _python(node: ast.AST, constants: Mapping[str, Any], positions: Mapping[str,
         return None if None in parts else f"({parts[0]} if {parts[1]} else {parts[2]})"
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _EMITTED_CALLS:
         parts = [_python(arg, constants, positions) for arg in node.args]
-        return None if None in parts else f"{_EMITTED_CALLS[node.func.id]}({', '.join(parts)})"  # type: ignore[arg-type]
+        if None in parts:
+            return None
+        if node.func.id == "cdiv" and parts[1].isdigit() and int(parts[1]) > 0:  # type: ignore[union-attr]
+            return f"(({parts[0]} + {int(parts[1]) - 1}) // {parts[1]})"  # a call costs more than the sum
+        return f"{_EMITTED_CALLS[node.func.id]}({', '.join(parts)})"  # type: ignore[arg-type]
     return None
 
 
