@@ -251,3 +251,38 @@ def test_an_entry_that_cannot_serve_is_refused_once_at_planning(
     proc = run_compile(str(spec), "--registry", str(tmp_path / "r.db"), check=False, env=examples_env())
     assert proc.returncode == 2 and proc.stderr.count("error:") == 1, proc.stderr
     assert fragment in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_defaulted_parameter_before_the_stream_needs_a_spec_argument(tmp_path: Path) -> None:
+    package = tmp_path / "streampkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "k.py").write_text(
+        textwrap.dedent("""
+            import cuda.bindings.driver as cuda
+            import cutlass
+            import cutlass.cute as cute
+
+            @cute.jit
+            def host(t: cute.Tensor, n: cutlass.Int32 = 4, stream: cuda.CUstream = None):
+                pass
+        """)
+    )
+    spec = write_spec(
+        tmp_path,
+        "s.yaml",
+        """
+        family: t.stream
+        abi: 1
+        kernel: streampkg.k:host
+        archs: [sm_90a]
+        params: {x: [1]}
+        args:
+          - {name: t, kind: tensor, dtype: fp32, shape: [m]}
+        """,
+    )
+    env = examples_env()
+    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    proc = run_compile(str(spec), "--registry", str(tmp_path / "r.db"), check=False, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "parameter 'n' of streampkg.k:host comes before its stream parameter" in proc.stderr
