@@ -199,7 +199,7 @@ def _tensor_paths(kernel, name: str, params: dict, shape: tuple, stream) -> dict
     argv_addr, func, static = ctypes.addressof(argv), kernel.function(0), kernel.static
     grid = launch.entry.geometry.grid_of({**params, **dict(zip(("m", "n", "k"), shape, strict=False))})
 
-    def bare() -> None:
+    def bare(keep=(buf, argv)) -> None:  # the buffer and its pointers live as long as the path
         cu.cuLaunchKernel(func, *grid, *static.block, static.smem, stream, argv_addr, 0)
 
     paths = {
