@@ -14,6 +14,9 @@ call is where the DSL's own decisions are final, so the compiler reads the launc
 Memory the host function writes is followed only through its own ``alloca`` s: a value that
 cannot be traced back to an argument or a constant (a load of memory it did not write, a
 value merged from branches) is refused with a message naming the parameter, never guessed.
+A value loaded back from memory the function filled word by word (a TMA descriptor: sixteen
+``i64`` slots, zeroed, then set) takes, per word, the last store before the load in the same
+block; a word no store reaches is left unset (``None``), for the caller to judge.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ class LaunchParam:
 
     type: str
     layout: TypeLayout
-    words: tuple[Term, ...]  # one per layout leaf
+    words: tuple[Term | None, ...]  # one per layout leaf; None where no store reaches it
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +92,15 @@ def _ops(op: Any) -> Iterator[Any]:
             for inner in block.operations:
                 yield inner
                 yield from _ops(inner)
+
+
+def _placed(op: Any) -> Iterator[tuple[Any, int]]:
+    """The ops under ``op`` in program order, each with a key of the block that holds it."""
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                yield inner, hash(block)
+                yield from _placed(inner)
 
 
 def _callee(op: Any) -> str | None:
@@ -135,19 +147,27 @@ class _Frame:
         self.loaded: set[tuple[Any, ...]] = set()  # slots a pointer was loaded back from
         self.roots: dict[int, Any] = {}  # the values that addresses start from, by key
         self.stores: dict[tuple[Any, ...], list[Any]] = {}
+        self.places: dict[tuple[Any, ...], list[tuple[int, int]]] = {}  # (position, block) per store
+        self.positions: dict[int, tuple[int, int]] = {}  # each load's
         # An address may go through a pointer the function stored and loaded back (the launch
         # config behind its array of one): index the stores whose addresses resolve, then again
         # those that needed them, until none is left or none resolves.
-        pending = [(op.operands[0], op.operands[1]) for op in _ops(func) if op.name == "llvm.store"]
+        pending = []
+        for position, (op, block) in enumerate(_placed(func)):
+            if op.name == "llvm.store":
+                pending.append((op.operands[0], op.operands[1], (position, block)))
+            elif op.name == "llvm.load":
+                self.positions[hash(op.operation)] = (position, block)
         while pending:
             left = []
-            for value, pointer in pending:
+            for value, pointer, place in pending:
                 try:
                     key = self.address(pointer)
                 except _Unresolved:
-                    left.append((value, pointer))
+                    left.append((value, pointer, place))
                     continue
                 self.stores.setdefault(key, []).append(value)
+                self.places.setdefault(key, []).append(place)
             if len(left) == len(pending):
                 break  # what is left loads from memory nothing resolvable wrote; never read here
             pending = left
@@ -183,6 +203,10 @@ class _Frame:
                 term = self._try_term(index)
                 indices.append(term[1] if term is not None and is_const(term) else ("value", _key(index)))
             return (*self.address(op.operands[0]), *indices)
+        if op is not None and op.name == "llvm.inttoptr":
+            source = _owner(op.operands[0])
+            if source is not None and source.name == "llvm.ptrtoint":  # a round trip through an int
+                return self.address(source.operands[0])
         if op is not None and op.name == "llvm.load":
             slot = self.address(op.operands[0])
             values = self.stores.get(slot, [])
@@ -299,7 +323,39 @@ class _Frame:
             return call(_CALLS[name], a, b)
         if name == "llvm.getelementptr":
             raise ContractError("a pointer offset computed by the host function (getelementptr)")
+        if name == "llvm.load":
+            return self._load(op, value)
         raise ContractError(f"a value the host function computes with {name}")
+
+    def _load(self, op: Any, value: Any) -> Term | dict[tuple[int, ...], Term]:
+        """A value read back from memory the function wrote: per word, the last store before
+        the load, in its block. Words no store reaches are left out."""
+        try:
+            base = self.address(op.operands[0])
+        except _Unresolved:
+            raise ContractError("a load of memory the host function did not write") from None
+        position, block = self.positions[hash(op.operation)]
+        layout = type_layout(str(value.type))
+        at: dict[int, list[tuple[int, Any]]] = {}
+        for key, values in self.stores.items():
+            if key[: len(base)] != base:
+                continue
+            offset = 0 if key == base else _byte_offset(key[len(base) :])
+            if offset is None:
+                continue
+            for (where, in_block), stored in zip(self.places[key], values, strict=True):
+                if in_block != block:
+                    raise ContractError("a value the host function stores in one block and loads in another")
+                if where < position:
+                    at.setdefault(offset, []).append((where, stored))
+        out: dict[tuple[int, ...], Term] = {}
+        for lf in layout.leaves:
+            if lf.offset in at:
+                stored = max(at[lf.offset], key=lambda item: item[0])[1]
+                if type_layout(str(stored.type)).size != lf.size:
+                    raise ContractError("the host function writes a loaded word at another width")
+                out[lf.path] = self._scalar(stored, "llvm.load")
+        return out[()] if list(out) == [()] else out
 
     def _scalar(self, value: Any, user: str) -> Term:
         result = self.value(value)
@@ -316,6 +372,33 @@ class _Frame:
                 "the loader fixes it per variant, so it must be a compile-time constant"
             )
         return int(term[1])
+
+
+def _byte_offset(path: tuple[Any, ...]) -> int | None:
+    """The byte offset that GEP indices ``path`` (each GEP's element type, then its indices)
+    reach from their base; None for a dynamic index or a path that is not a chain of GEPs."""
+    offset, i = 0, 0
+    while i < len(path):
+        if not _is_type(path[i]):
+            return None
+        indices = []
+        i += 1
+        while i < len(path) and not _is_type(path[i]):
+            if not isinstance(path[i], int):
+                return None
+            indices.append(path[i])
+            i += 1
+        if not indices:
+            return None
+        layout = type_layout(path[i - len(indices) - 1][1])
+        offset += indices[0] * layout.size
+        inner = tuple(indices[1:])
+        if inner:
+            starts = [lf.offset for lf in layout.leaves if lf.path[: len(inner)] == inner]
+            if not starts:
+                return None
+            offset += min(starts)
+    return offset
 
 
 def _resolved(frame: _Frame, pointer: Any, what: str) -> tuple[Any, ...]:
@@ -464,9 +547,4 @@ def _param(frame: _Frame, value: Any, index: int) -> LaunchParam:
     except ContractError as exc:
         raise ContractError(f"kernel parameter {index} ({type_text}): {exc}") from None
     by_path = terms if isinstance(terms, dict) else {(): terms}
-    words = []
-    for lf in layout.leaves:
-        if lf.path not in by_path:
-            raise ContractError(f"kernel parameter {index} ({type_text}): word {lf.path} is never set")
-        words.append(by_path[lf.path])
-    return LaunchParam(type_text, layout, tuple(words))
+    return LaunchParam(type_text, layout, tuple(by_path.get(lf.path) for lf in layout.leaves))

@@ -36,6 +36,8 @@ from b12x_aot.loader import (
 )
 
 from ._host_launch import HostLaunch, LaunchParam
+from ._samples import sample_inputs
+from ._tensor_map import MAP_TYPE, read_tensor_map
 from ._terms import Term, evaluate, render
 from .errors import ContractError
 
@@ -72,12 +74,21 @@ def _word_code(leaf_kind: str, bits: int, term: Term, inputs: Mapping[str, Input
     return code
 
 
-def _param(param: LaunchParam, inputs: Mapping[str, InputWord]) -> KernelParam:
-    words = tuple(
-        Word(lf.offset, _word_code(lf.kind, lf.bits, term, inputs), render(term))
-        for lf, term in zip(param.layout.leaves, param.words, strict=True)
-    )
-    return KernelParam(param.layout.size, param.layout.align, words)
+def _param(
+    param: LaunchParam,
+    ordinal: int,
+    args: Sequence[Arg],
+    inputs: Mapping[str, InputWord],
+    params: Mapping[str, Any],
+) -> KernelParam:
+    if param.type == MAP_TYPE:
+        return KernelParam.of_map(read_tensor_map(param, ordinal, args, inputs, params))
+    words = []
+    for lf, term in zip(param.layout.leaves, param.words, strict=True):
+        if term is None:
+            raise ContractError(f"kernel parameter {ordinal} ({param.type}): word {lf.path} is never set")
+        words.append(Word(lf.offset, _word_code(lf.kind, lf.bits, term, inputs), render(term)))
+    return KernelParam(param.layout.size, param.layout.align, tuple(words))
 
 
 def _loader_can_evaluate(
@@ -91,6 +102,12 @@ def _loader_can_evaluate(
     known = set(inputs) | set(values)
     exprs = [
         (f"kernel parameter {i} word at +{w.offset}", w.expr) for i, p in enumerate(params) for w in p.words
+    ]
+    exprs += [
+        (f"kernel parameter {i}'s tensor map", e)
+        for i, p in enumerate(params)
+        if p.tmap is not None
+        for e in (*p.tmap.dims, *p.tmap.strides)
     ]
     exprs += [(f"grid dimension {'xyz'[i]}", render(g)) for i, g in enumerate(host.grid)]
     for what, source in exprs:
@@ -107,6 +124,8 @@ def _loader_can_evaluate(
 
 
 def _describe(param: KernelParam) -> str:
+    if param.tmap is not None:
+        return f"{param.size} B ({param.tmap.describe()})"
     words = ", ".join(f"{w.expr} as {w.code}" for w in param.words) or "no words"
     return f"{param.size} B ({words})"
 
@@ -122,7 +141,10 @@ def _strict_params(
             f"the kernel takes {len(derived)} parameters"
         )
     for i, (d, e) in enumerate(zip(derived, expected, strict=False)):
-        if (d.size, [(w.code, w.expr) for w in d.words]) != (e.size, [(w.code, w.expr) for w in e.words]):
+        if d.tmap is not None or (d.size, [(w.code, w.expr) for w in d.words]) != (
+            e.size,
+            [(w.code, w.expr) for w in e.words],
+        ):
             problems.append(
                 f"argument {i} {args[i].name!r} ({args[i].kind}): the spec packs {_describe(e)}, "
                 f"the kernel takes {_describe(d)}"
@@ -132,29 +154,6 @@ def _strict_params(
             "launch contract broken (a registry kernel's parameters are the spec's arguments as given):\n  "
             + "\n  ".join(problems)
         )
-
-
-def _sample(
-    args: Sequence[Arg], words: Sequence[InputWord], params: Mapping[str, Any], rng: random.Random
-) -> dict[str, Any]:
-    """One set of input words (and the runtime names expressions read) consistent with the spec."""
-    env: dict[str, Any] = dict(params)
-    divisibility = {name: by for arg in args for name, by in arg.divisibility}
-    for w in words:  # scalars and symbols first: the other words are expressions over them
-        if w.part == "address":
-            env[w.name] = 1 << 40
-        elif w.part == "value":
-            env[w.name] = rng.choice(_SIZES)
-        elif "__" not in w.name:
-            env[w.name] = rng.choice(_SIZES) * divisibility.get(w.name, 1)
-    for w in words:
-        if w.part == "data":
-            env[w.name] = 1 << 40
-        elif "__" in w.name and w.part in ("shape", "stride"):
-            arg = args[w.arg]
-            entry = (arg.shape if w.part == "shape" else arg.stride)[w.mode]  # type: ignore[index]
-            env[w.name] = rng.choice(_SIZES) if entry.strip() == w.name else Expr.parse(entry).evaluate(env)
-    return env
 
 
 def _check_grid(
@@ -171,7 +170,7 @@ def _check_grid(
         if compared == _SAMPLES:
             break
         try:
-            env = _sample(args, words, params, rng)
+            env = sample_inputs(args, words, params, rng, _SIZES)
             if not all(r.evaluate(env) for r in geometry.requires):
                 continue
             want = tuple(e.evaluate(env) for e in spec_grid)
@@ -230,7 +229,7 @@ def record_launch(
         _check_grid(expanded.grid, host, expanded, args, params)
 
     inputs = {w.name: w for w in input_words(args, params)}
-    derived = tuple(_param(p, inputs) for p in host.params)
+    derived = tuple(_param(p, i, args, inputs, params) for i, p in enumerate(host.params))
     _loader_can_evaluate(derived, host, inputs, params)
     expected = default_params(args, params)
     if strict:

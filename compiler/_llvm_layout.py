@@ -5,8 +5,9 @@ A kernel parameter is one LLVM value: a pointer, an integer, a float, or a struc
 its dynamic shape and stride values). The driver copies each parameter into the kernel's
 parameter bank at its natural C alignment, so a type's layout is the C layout of the
 equivalent struct: every leaf at the next multiple of its own alignment, a struct aligned to
-its widest member and padded to a multiple of it. Arrays and packed structs are not parameter
-shapes the DSL produces for tensors or scalars; they are refused, never guessed.
+its widest member and padded to a multiple of it, an array its elements back to back (a TMA
+descriptor is ``struct<(struct<(array<16 x i64>)>)>``). Packed structs are not parameter shapes
+the DSL produces; they are refused, never guessed.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .errors import ContractError
 
 __all__ = ["Leaf", "TypeLayout", "type_layout"]
 
-_TOKEN = re.compile(r"\s*(!llvm\.|struct<\(|\)>|ptr<\d+>|ptr|[a-z]+\d*|,)")
+_TOKEN = re.compile(r"\s*(!llvm\.|struct<\(|\)>|array<\d+ x|>|ptr<\d+>|ptr|[a-z]+\d*|,)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,4 +102,16 @@ def _parse(tokens: list[str], i: int, path: tuple[int, ...]) -> tuple[TypeLayout
                 i += 1
         size = -(-offset // align) * align
         return TypeLayout(size, align, tuple(leaves)), i + 1
+    if token.startswith("array<"):
+        count = int(token[len("array<") : -len(" x")])
+        element, end = _parse(tokens, i + 1, ())
+        if end >= len(tokens) or tokens[end] != ">":
+            raise ContractError(f"cannot read the LLVM type {' '.join(tokens)!r}: an array without its '>'")
+        stride = -(-element.size // element.align) * element.align
+        leaves = tuple(
+            Leaf((*path, k, *lf.path), lf.offset + k * stride, lf.kind, lf.bits)
+            for k in range(count)
+            for lf in element.leaves
+        )
+        return TypeLayout(stride * count, element.align, leaves), end + 1
     raise ContractError(f"kernel parameters of LLVM type {token!r} are not supported (in {' '.join(tokens)})")

@@ -30,8 +30,15 @@ def test_type_layouts_are_c_structs() -> None:
     assert type_layout("!llvm.struct<(ptr<1>, struct<(i32, struct<()>)>)>").size == 16
     assert type_layout("!llvm.struct<(struct<()>, struct<(struct<(i32, i32)>, struct<()>)>)>").size == 8
     assert type_layout("i1").size == 1 and type_layout("!llvm.ptr<1>").size == 8
+    descriptor = type_layout("!llvm.struct<(struct<(array<16 x i64>)>)>")  # a TMA tensor map
+    assert (descriptor.size, len(descriptor.leaves)) == (128, 16)
+    assert [(lf.path, lf.offset) for lf in descriptor.leaves[:2]] == [((0, 0, 0), 0), ((0, 0, 1), 8)]
+    mixed = type_layout("!llvm.struct<(i8, array<3 x struct<(i32, i8)>>)>")
+    assert (mixed.size, [lf.offset for lf in mixed.leaves]) == (28, [0, 4, 8, 12, 16, 20, 24])
     with pytest.raises(ContractError, match="cannot read the LLVM type"):
-        type_layout("!llvm.array<4 x i32>")
+        type_layout("!llvm.array<4 x i32")
+    with pytest.raises(ContractError, match="cannot read the LLVM type"):
+        type_layout("!llvm.struct<packed (i8, i32)>")
 
 
 def test_default_tensor_params_match_the_dsl_layout() -> None:
