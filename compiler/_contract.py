@@ -29,7 +29,10 @@ def _table(kernel: KernelResources, params: Sequence[KernelParam], layout: Param
         got = next((p for p in kernel.params if p.ordinal == ordinal), None)
         cubin = f"offset {got.offset} size {got.size}" if got is not None else "(none)"
         if ordinal < len(params):
-            words = ", ".join(w.expr for w in params[ordinal].words) or "no words"
+            param = params[ordinal]
+            words = (
+                param.tmap.describe() if param.tmap else ", ".join(w.expr for w in param.words) or "no words"
+            )
             host = f"offset {layout.offsets[ordinal]} size {params[ordinal].size}: {words}"
         else:
             host = "(none)"
@@ -52,7 +55,7 @@ def check_contract(
     if info.sm != limits.sm:
         raise ContractError(f"cubin is for SM {info.sm}, but the variant's arch is {arch} (SM {limits.sm})")
     kernel = info.kernel(symbol)
-    layout = ParamLayout.of(params)
+    layout = ParamLayout.of(params, arch)
     table = {p.ordinal: p for p in kernel.params}
     aligns = {a.name: a.align for a in args if a.is_pointer}
     problems: list[str] = []

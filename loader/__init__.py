@@ -42,6 +42,7 @@ from ._params import (
     symbol_bindings,
 )
 from ._registry import Kernel, LoadStats, Registry
+from ._tensor_maps import MAP_ELEMENT_BYTES, TensorMap
 from .errors import (
     ArgError,
     B12xError,
@@ -61,6 +62,7 @@ from .errors import (
 __all__ = [
     "DTYPES",
     "KEY_SCHEMA_VERSION",
+    "MAP_ELEMENT_BYTES",
     "READABLE_SCHEMA",
     "SCALAR_KINDS",
     "TRACED",
@@ -94,6 +96,7 @@ __all__ = [
     "RequirementError",
     "ScalarKind",
     "StaticGeometry",
+    "TensorMap",
     "TensorView",
     "UncheckedSizeWarning",
     "VariantId",

@@ -32,6 +32,7 @@ from ._codegen import Codegen, word_sources
 from ._expr import Expr
 from ._index import IndexEntry
 from ._params import InputWord
+from ._tensor_maps import TensorMap
 from ._tensors import TensorChecks
 from .errors import LaunchArgumentError
 
@@ -81,7 +82,7 @@ def checked_sources(words: Sequence[InputWord]) -> dict[str, str]:
 
 
 def checked_source(
-    entry: IndexEntry, cg: Codegen, device: int, words: Sequence[Expr]
+    entry: IndexEntry, cg: Codegen, device: int, slots: Sequence[Expr | TensorMap]
 ) -> tuple[str, str, list[str]]:
     """The source of ``checked`` for this variant up to its launch, the parameter words to
     pack and the grid dimensions it checked (for the launch line); binds what it needs into
@@ -126,7 +127,7 @@ def checked_source(
     ]
     body = requires + body  # in the spec's order, before the sizes they guard
     dims = [cg.value(e) for e in entry.geometry.grid]
-    packed = ", ".join(cg.value(w) for w in words)
+    packed = ", ".join(cg.slot(s, i) for i, s in enumerate(slots))
     # A literal in range needs no check per call; anything else (a negative literal too) gets one.
     bounds = [
         f"0 <= {d} <= {limit}"

@@ -4,7 +4,8 @@ Prepared launches generate their ``__call__`` and ``checked`` per variant ABI (a
 binder does), so a call runs straight-line code. That source is assembled only from fixed
 templates, the positional names ``a0``, ``a1``, ..., the locals the templates bind (``s0``,
 a tensor's shape; ``d0``, its strides; ``p0``/``q0``, checked addresses), integer and boolean
-literals, the expression grammar's own operators, and names bound in its environment: no text
+literals, the expression grammar's own operators, and names bound in its environment (a
+tensor map's cache ``_m0`` and encoder ``_e0``, with the key ``_k0`` it binds): no text
 from a spec or a registry ever reaches it. An expression over params and input words becomes
 inline Python (``Expr.python``: params folded, each input word read where its argument holds
 it), or, where it cannot, a call of a closure that the whitelisted evaluator in ``_expr``
@@ -19,6 +20,7 @@ from typing import Any
 from ._expr import Expr, cdiv, tdiv, tmod
 from ._index import IndexEntry
 from ._params import InputWord
+from ._tensor_maps import MapEncoder, TensorMap
 from .errors import ExpressionError
 
 __all__ = ["Codegen", "plain_sources", "word_sources"]
@@ -50,12 +52,13 @@ def plain_sources(words: Sequence[InputWord]) -> dict[str, str]:
 class Codegen:
     """Source fragments for one variant's generated functions, and the environment they need."""
 
-    __slots__ = ("env", "names", "order", "params", "sources", "uses_args", "words")
+    __slots__ = ("env", "label", "names", "order", "params", "sources", "uses_args", "words")
 
     def __init__(
         self, entry: IndexEntry, env: dict[str, Any], words: Sequence[InputWord], sources: Mapping[str, str]
     ) -> None:
         self.params = entry.params
+        self.label = entry.label
         self.names = [f"a{i}" for i in range(len(entry.args))]
         self.words = tuple(words)
         self.sources = dict(sources)
@@ -97,6 +100,18 @@ class Codegen:
         self.env[name] = folded
         self.uses_args = True
         return f"{name}(A)"
+
+    def slot(self, item: Expr | TensorMap, index: int) -> str:
+        """Source for one packed slot: an expression's value, or tensor map ``index``'s bytes
+        (from its cache, encoded on a miss; both generated functions share the encoder)."""
+        if isinstance(item, Expr):
+            return self.value(item)
+        cache, encode = f"_m{index}", f"_e{index}"
+        if encode not in self.env:
+            encoder = MapEncoder(self.label, item)
+            self.env[cache], self.env[encode] = encoder.cache, encoder
+        parts = [self.sources[item.tensor], *(self.value(Expr.parse(e)) for e in (*item.dims, *item.strides))]
+        return f"({cache}.get(_k{index} := ({', '.join(parts)})) or {encode}(_k{index}))"
 
     def values(self, exprs: tuple[Expr, ...]) -> str:
         """A tuple display of ``exprs`` (``(d0,)`` for one)."""

@@ -24,6 +24,7 @@ from ._cuda import check, torch_stream_getter
 from ._expr import Expr
 from ._index import IndexEntry
 from ._params import ParamLayout
+from ._tensor_maps import TensorMap
 from .errors import LaunchArgumentError
 
 # The code generators (``_codegen``, ``_checks``) load on the first prepare, not at import:
@@ -124,8 +125,8 @@ class PreparedLaunch:
         self.name = entry.label
         self.args: tuple[Arg, ...] = entry.args
         params = entry.kernel_params
-        self.layout = ParamLayout.of(params)
-        words = [Expr.parse(w.expr) for p in params for w in sorted(p.words)]
+        self.layout = ParamLayout.of(params, entry.arch)
+        slots = [s if isinstance(s, TensorMap) else Expr.parse(s) for s in ParamLayout.slots(params)]
         self._buf = ctypes.create_string_buffer(max(self.layout.size, 1))
         base = ctypes.addressof(self._buf)
         self._argv = (ctypes.c_void_p * max(len(params), 1))(*(base + o for o in self.layout.offsets))
@@ -165,7 +166,7 @@ class PreparedLaunch:
 
         inputs = entry.input_words
         call = Codegen(entry, env, inputs, plain_sources(inputs))
-        values = [call.value(w) for w in words]
+        values = [call.slot(s, i) for i, s in enumerate(slots)]
         launch = tail([call.value(e) for e in entry.geometry.grid])
         source = _CALL.format(
             sig=call.signature,
@@ -175,7 +176,7 @@ class PreparedLaunch:
             launch=launch,
         )
         checks = Codegen(entry, env, inputs, checked_sources(inputs))
-        body, packed, dims = checked_source(entry, checks, device, words)
+        body, packed, dims = checked_source(entry, checks, device, slots)
         source += body + _CHECKED_PACK.format(packed=packed, sig=checks.signature) + tail(dims)
         exec(compile(source, f"<prepared launch {entry.family}>", "exec"), env, namespace)
         unsized = [a.name for a in self.args if a.is_pointer and a.shape is None]
@@ -227,6 +228,8 @@ class PreparedLaunch:
         from ._checks import NOT_A_POINTER, scalar_error
         from ._tensors import NOT_A_TENSOR, is_tensor_like
 
+        if isinstance(exc, LaunchArgumentError):  # a tensor map's encoder names its tensor
+            return exc
         for arg, value in zip(self.args, args, strict=True):
             if arg.is_pointer and value.__class__ is not int and not hasattr(value, "data_ptr"):
                 return LaunchArgumentError(self.name, arg.name, NOT_A_POINTER, type(value).__name__)

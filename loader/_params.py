@@ -8,7 +8,7 @@ else ``{arg}__shape{i}`` / ``{arg}__stride{i}``.
 
 The kernel's own parameters are what the compiled host function passes to the kernel, read
 from its IR by the compiler: each a C struct of *words* at fixed offsets, each word an
-expression over the input words. A kernel that takes its arguments as given (every bundled
+expression over the input words, or a TMA tensor map (``_tensor_maps``), encoded per call. A kernel that takes its arguments as given (every bundled
 family, and a ``cute.Tensor`` passed on unchanged) has the :func:`default_params`; anything
 else (a tiled view of a tensor, with derived extents and strides) is recorded per variant.
 """
@@ -20,8 +20,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ._abi import SCALAR_KINDS, Arg
+from ._tensor_maps import MAP_ALIGN, MAP_BYTES, TensorMap
 
 __all__ = [
+    "PARAM_BANK_PHASE",
     "InputWord",
     "KernelParam",
     "ParamLayout",
@@ -100,19 +102,27 @@ class Word(NamedTuple):
 
 
 class KernelParam(NamedTuple):
-    """One parameter of the kernel: a C struct (or a single word) of ``size`` bytes."""
+    """One parameter of the kernel: a C struct (or a single word) of ``size`` bytes, or a
+    tensor map (no words: its 128 bytes are encoded per call)."""
 
     size: int
     align: int
     words: tuple[Word, ...]
+    tmap: TensorMap | None = None
+
+    @classmethod
+    def of_map(cls, tmap: TensorMap) -> KernelParam:
+        return cls(MAP_BYTES, MAP_ALIGN, (), tmap)
 
     def to_json(self) -> list[Any]:
-        return [self.size, self.align, [list(w) for w in self.words]]
+        out = [self.size, self.align, [list(w) for w in self.words]]
+        return out if self.tmap is None else [*out, self.tmap.to_json()]
 
     @classmethod
     def from_json(cls, data: Sequence[Any]) -> KernelParam:
-        size, align, words = data
-        return cls(int(size), int(align), tuple(Word(int(o), str(c), str(e)) for o, c, e in words))
+        size, align, words = data[:3]
+        tmap = TensorMap.from_json(data[3]) if len(data) > 3 else None
+        return cls(int(size), int(align), tuple(Word(int(o), str(c), str(e)) for o, c, e in words), tmap)
 
 
 def params_to_json(params: Iterable[KernelParam]) -> list[Any]:
@@ -142,11 +152,19 @@ def default_params(args: Sequence[Arg], params: Mapping[str, Any]) -> tuple[Kern
     return tuple(out)
 
 
+# Where each arch's kernel parameter bank starts, past a 64-byte boundary: a 64-byte aligned
+# parameter (a tensor map) sits at a bank address that is a multiple of 64, so its offset in the
+# cubin's table is one less this phase (read off the tables of sm_90a, sm_100a, sm_120a cubins).
+PARAM_BANK_PHASE = {"sm_90a": 16, "sm_100a": 0, "sm_120a": 0}
+
+
 class ParamLayout(NamedTuple):
-    """The C struct that a kernel's parameters form: each at the next multiple of its alignment.
+    """The C struct that a kernel's parameters form: each at the next multiple of its alignment
+    in the arch's parameter bank.
 
     ``offsets[i]`` and ``sizes[i]`` are what the cubin's ``EIATTR_KPARAM_INFO`` must report
-    for ordinal ``i``; ``fmt`` packs every word of the buffer, in order, with ``struct.pack_into``.
+    for ordinal ``i``; ``fmt`` packs every word of the buffer, in order, with ``struct.pack_into``
+    (a tensor map as its 128 bytes).
     """
 
     offsets: tuple[int, ...]
@@ -155,15 +173,22 @@ class ParamLayout(NamedTuple):
     fmt: str
 
     @classmethod
-    def of(cls, params: Iterable[KernelParam]) -> ParamLayout:
+    def of(cls, params: Iterable[KernelParam], arch: str | None = None) -> ParamLayout:
+        phase = PARAM_BANK_PHASE.get(arch or "", 0)
         offsets: list[int] = []
         sizes: list[int] = []
         fmt = ["<"]
         cursor = 0
         for param in params:
-            start = -(-cursor // param.align) * param.align
+            start = -(-(cursor + phase) // param.align) * param.align - phase
             offsets.append(start)
             sizes.append(param.size)
+            if param.tmap is not None:
+                if start > cursor:
+                    fmt.append(f"{start - cursor}x")
+                fmt.append(f"{param.size}s")
+                cursor = start + param.size
+                continue
             for word in sorted(param.words):
                 at = start + word.offset
                 if at < cursor:
@@ -183,6 +208,11 @@ class ParamLayout(NamedTuple):
             raise AssertionError(f"parameter layout {layout.fmt!r} does not span {cursor} bytes")
         return layout
 
-    def exprs(self, params: Iterable[KernelParam]) -> list[str]:
-        """The word expressions in the order ``fmt`` packs them."""
-        return [w.expr for p in params for w in sorted(p.words)]
+    @staticmethod
+    def slots(params: Iterable[KernelParam]) -> list[str | TensorMap]:
+        """What ``fmt`` packs, in order: each word's expression, each tensor map's recipe."""
+        return [
+            s
+            for p in params
+            for s in ((p.tmap,) if p.tmap is not None else (w.expr for w in sorted(p.words)))
+        ]

@@ -68,3 +68,39 @@ def cluster_driver(monkeypatch: pytest.MonkeyPatch) -> RecordingClusterDriver:
     recorder = RecordingClusterDriver()
     monkeypatch.setattr(cu, "cuLaunchKernelEx", recorder)
     return recorder
+
+
+class RecordingEncoder:
+    """Stands in for cuTensorMapEncodeTiled: records its arguments, returns words that name them."""
+
+    def __init__(self, result: str = "CUDA_SUCCESS") -> None:
+        self.calls: list[tuple] = []
+        self.result = result
+
+    def __call__(self, dtype, rank, address, dims, strides, box, elements, interleave, swizzle, l2, oob):
+        from cuda.bindings import driver as cu
+
+        self.calls.append(
+            (
+                int(dtype),
+                rank,
+                address,
+                [int(d) for d in dims],
+                [int(s) for s in strides],
+                [int(b) for b in box],
+                [int(e) for e in elements],
+                (int(interleave), int(swizzle), int(l2), int(oob)),
+            )
+        )
+        encoded = cu.CUtensorMap()
+        encoded.opaque = [address, *[int(d) for d in dims], len(self.calls)] + [0] * 12
+        return getattr(cu.CUresult, self.result), encoded
+
+
+@pytest.fixture
+def encoder(monkeypatch: pytest.MonkeyPatch) -> RecordingEncoder:
+    from cuda.bindings import driver as cu
+
+    recorder = RecordingEncoder()
+    monkeypatch.setattr(cu, "cuTensorMapEncodeTiled", recorder)
+    return recorder
