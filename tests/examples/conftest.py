@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import ROOT, _dsl_available, run_compile
-from ..loader.conftest import driver  # noqa: F401 (the recording driver, for packing tests)
+from ..loader.conftest import cluster_driver, driver, encoder  # noqa: F401 (recording drivers, for packing tests)
 
 EXAMPLES = ROOT / "examples"
 EXAMPLES_REGISTRY_ENV = "B12X_TEST_EXAMPLES_REGISTRY"

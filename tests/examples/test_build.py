@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from b12x_aot.loader import LaunchArgumentError, PreparedLaunch, Registry, TensorView
+from b12x_aot.loader import LaunchArgumentError, PreparedLaunch, Registry, TensorMap, TensorView
 
 from ..conftest import registry_cli, run_compile, write_spec
 from .conftest import EXAMPLES, examples_env
@@ -25,11 +25,12 @@ ELEMENTWISE = (EXAMPLES / "specs" / "elementwise.yaml").read_text()
 GEMM = (EXAMPLES / "specs" / "tensorop_gemm.yaml").read_text()
 ONE_ELEMENTWISE = ["--where", "dtype=fp32", "--where", "op=add", "--where", "threads=128"]
 ONE_GEMM = ["--where", "ab=fp16", "--where", "out=fp32", "--where", "tile_m=64"]
+ONE_TMA_GEMM = ["--where", "ab=fp16", "--where", "out=fp16"]
 
 
 @pytest.fixture(scope="module")
 def examples_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One elementwise variant for each of the three archs, one GEMM for sm_90a."""
+    """One elementwise variant for each of the three archs, one GEMM and one TMA GEMM for sm_90a."""
     db = tmp_path_factory.mktemp("examples") / "examples.db"
     env = examples_env()
     run_compile(
@@ -44,6 +45,7 @@ def examples_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
         *ONE_GEMM,
         env=env,
     )
+    run_compile(str(EXAMPLES / "specs" / "hopper_gemm.yaml"), "--registry", str(db), *ONE_TMA_GEMM, env=env)
     return db
 
 
@@ -93,6 +95,39 @@ def test_prepared_launch_packs_the_derived_words(examples_db: Path, driver) -> N
         assert raw[:7] == (a.data_ptr(), 10, 3, 300, 1, 1200, 128)
         assert raw[7:14] == (b.data_ptr(), 10, 3, 1, 37, 4, 4736)
         assert raw[14:21] == (c.data_ptr(), 10, 3, 310, 1, 1240, 128) and raw[21:] == (10, 3, 37, 300)
+
+
+def test_the_tma_gemm_records_its_tensor_maps(examples_db: Path, driver, cluster_driver, encoder) -> None:
+    launch_json = _launches(examples_db)[("examples.hopper_gemm", "sm_90a")]
+    assert launch_json["block"] == [288, 1, 1] and launch_json["cluster"] == [2, 1, 1]
+    maps = [TensorMap.from_json(p[3]) for p in launch_json["params"] if len(p) > 3]
+    # fp16, dims innermost first, byte strides; the 128-byte swizzle spans 64 elements, and B's
+    # 128-row tile is split between the cluster's two CTAs (each loads and multicasts half)
+    assert maps == [
+        TensorMap("a", 6, ("k", "m"), ("lda * 2",), (64, 128), (1, 1), 0, 3, 2, 0),
+        TensorMap("b", 6, ("b__shape1", "n"), ("ldb * 2",), (64, 64), (1, 1), 0, 3, 2, 0),
+        TensorMap("c", 6, ("c__shape1", "c__shape0"), ("ldc * 2",), (64, 128), (1, 1), 0, 3, 2, 0),
+    ]
+    companions = [[w[2] for w in p[2]] for p in launch_json["params"] if len(p) == 3]
+    assert companions == [["m", "k"], ["n", "b__shape1"], ["c__shape0", "c__shape1"]]
+    with Registry.open(examples_db) as registry:
+        entry = registry.resolve(
+            "examples.hopper_gemm", 1, arch="sm_90a", ab="fp16", out="fp16", tile_n=128, stages=4
+        )
+        launch = PreparedLaunch(entry, 0, None, 0)
+        assert launch.layout.offsets == (48, 176, 240, 368, 432, 560)  # the cubin's own table
+        a, b, c = (
+            TensorView(1 << 20, (300, 520), (528, 1)),
+            TensorView(1 << 24, (264, 520), (520, 1)),
+            TensorView(1 << 28, (300, 264), (272, 1)),
+        )
+        launch.checked(a, b, c)
+        assert [call[2:5] for call in encoder.calls] == [
+            (1 << 20, [520, 300], [1056]),
+            (1 << 24, [520, 264], [1040]),
+            (1 << 28, [264, 300], [544]),
+        ]
+        assert cluster_driver.calls[-1][0] == (4, 3, 1) and cluster_driver.calls[-1][4] == (2, 1, 1)
 
 
 def test_checked_holds_tensors_to_their_layout(examples_db: Path, driver) -> None:

@@ -1,0 +1,186 @@
+"""TMA kernel launches and throughput: examples.hopper_gemm from the registry against the DSL.
+
+Launch cost (host microseconds per launch, on 128 x 128 x 64 fp16 operands, one process):
+
+- ``bare``: ``cuLaunchKernelEx`` on a buffer packed once (the maps encoded already);
+- ``prepared``: the registry's launch, its three tensor maps found in its cache;
+- ``prepared/new``: the same with every map encoded again (``cuTensorMapEncodeTiled`` three
+  times), as a first launch on new buffers is;
+- ``checked``: ``checked()`` with cached maps;
+- ``dsl/reuse`` and ``dsl/fresh``: the DSL's compiled call of the same class, on wrapped tensors
+  made once or per call (``from_dlpack``), as its users call it.
+
+Throughput at 4096^3 fp16 (C fp16): the registry's launch, the DSL's JIT call and torch.matmul,
+in TFLOP/s from CUDA-event device times. Ratios are within this run only.
+
+    PYTHONPATH=examples python benchmarks/bench_tma_gemm.py --registry build/examples.db --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import sys
+from pathlib import Path
+
+import torch
+from cuda.bindings import driver as cu
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from b12x_aot.loader import Registry
+
+from _timing import device_ms, emit, host_us_per_call, ratio_table
+
+PARAMS = {"ab": "fp16", "out": "fp16", "tile_n": 128, "stages": 4}
+SMALL, LARGE = (128, 128, 64), (4096, 4096, 4096)
+
+
+def _operands(m: int, n: int, k: int) -> list[torch.Tensor]:
+    return [
+        torch.randn(m, k, device="cuda").half(),
+        torch.randn(n, k, device="cuda").half(),
+        torch.empty(m, n, device="cuda").half(),
+    ]
+
+
+def _bare(launch, kernel, tensors, stream):
+    """``cuLaunchKernelEx`` straight on a copy of the prepared launch's packed buffer."""
+    launch(*tensors, stream=stream)
+    buf = ctypes.create_string_buffer(bytes(launch._buf), launch.layout.size)
+    argv = (ctypes.c_void_p * len(launch.layout.offsets))(
+        *(ctypes.addressof(buf) + o for o in launch.layout.offsets)
+    )
+    static = kernel.static
+    m, n, _ = SMALL
+    grid = launch.entry.geometry.grid_of({**PARAMS, "m": m, "n": n})
+    attr = cu.CUlaunchAttribute()
+    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = static.cluster
+    config = cu.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = static.block
+    config.sharedMemBytes, config.hStream = static.smem, stream
+    config.attrs, config.numAttrs = [attr], 1
+    func, argv_addr = kernel.function(0), ctypes.addressof(argv)
+
+    def bare(keep=(buf, argv, attr)) -> None:  # the buffer and its pointers live as long as the path
+        cu.cuLaunchKernelEx(config, func, argv_addr, 0)
+
+    return bare
+
+
+def _fresh(launch, tensors, stream):
+    """The prepared launch with its map caches emptied first: every call encodes its maps."""
+    caches = [
+        v for k, v in type(launch).__call__.__globals__.items() if k.startswith("_m") and isinstance(v, dict)
+    ]
+
+    def fresh() -> None:
+        for cache in caches:
+            cache.clear()
+        launch(*tensors, stream=stream)
+
+    return fresh
+
+
+def _dsl(tensors, stream):
+    """The DSL's compiled call of the same class, or None without the DSL."""
+    try:
+        import cutlass
+        import cutlass.cute as cute
+        from cutlass.cute.runtime import from_dlpack
+        from dsl_examples.hopper_gemm import HopperGemm
+    except ImportError:
+        print("CuTe DSL or examples/ not importable: skipping the dsl/* paths", file=sys.stderr)
+        return None
+    gemm = HopperGemm(cutlass.Float32, (128, PARAMS["tile_n"], 64), (2, 1, 1), PARAMS["stages"])
+
+    def wrap(values):
+        return [
+            from_dlpack(t, assumed_align=16).mark_compact_shape_dynamic(
+                mode=1, stride_order=(0, 1), divisibility=8
+            )
+            for t in values
+        ]
+
+    compiled = cute.compile(gemm, *wrap(tensors), stream)
+    return compiled, wrap
+
+
+def _rounds(paths: dict, sync, batch: int, batches: int) -> tuple[dict, dict]:
+    results: dict[str, list[float]] = {}
+    for _ in range(3):  # paths interleave over rounds, so drift affects all alike
+        for name, fn in paths.items():
+            results.setdefault(name, []).append(
+                host_us_per_call(fn, sync, batch=batch, batches=batches)["median_us"]
+            )
+    return results, {name: sorted(v)[1] for name, v in results.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--registry", required=True, help="a build of examples/specs for sm_90a")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument("--json", default=None)
+    opts = parser.parse_args()
+
+    torch.cuda.init()
+    stream_t = torch.cuda.Stream()
+    torch.cuda.set_stream(stream_t)
+    stream = cu.CUstream(stream_t.cuda_stream)
+    with Registry.open(opts.registry) as registry:
+        kernel = registry.kernel("examples.hopper_gemm", 1, **PARAMS)
+        launch = kernel.prepare()
+        small = _operands(*SMALL)
+        paths = {
+            "bare": _bare(launch, kernel, small, stream),
+            "prepared": lambda: launch(*small, stream=stream),
+            "prepared/new": _fresh(launch, small, stream),
+            "checked": lambda: launch.checked(*small, stream=stream),
+        }
+        dsl = _dsl(small, stream)
+        if dsl is not None:
+            compiled, wrap = dsl
+            wrapped = wrap(small)
+            paths["dsl/reuse"] = lambda: compiled(*wrapped, stream)
+            paths["dsl/fresh"] = lambda: compiled(*wrap(small), stream)
+        rounds, medians = _rounds(paths, stream_t.synchronize, opts.batch, opts.batches)
+        print(f"examples.hopper_gemm {PARAMS} on {SMALL}, {torch.cuda.get_device_name()}:")
+        print(ratio_table([(n, medians[n]) for n in paths], unit="us/launch", base="bare"))
+
+        large = _operands(*LARGE)
+        flops = 2 * LARGE[0] * LARGE[1] * LARGE[2]
+        runs = {
+            "registry": lambda: launch(*large),
+            "torch.matmul": lambda: torch.matmul(large[0], large[1].t(), out=large[2]),
+        }
+        if dsl is not None:
+            big = wrap(large)
+            runs["dsl"] = lambda: compiled(*big, stream)
+        tflops = {name: flops / device_ms(fn, reps=30) / 1e9 for name, fn in runs.items()}
+    print(f"\n{LARGE} fp16: " + ", ".join(f"{n} {v:.1f} TFLOP/s" for n, v in tflops.items()))
+    checks = {
+        "prepared_within_1.2x_bare": medians["prepared"] <= 1.2 * medians["bare"],
+    }
+    if "dsl" in tflops:
+        checks["registry_within_2pct_of_dsl_tflops"] = tflops["registry"] >= 0.98 * tflops["dsl"]
+    for name, ok in checks.items():
+        print(f"{name}: {'yes' if ok else 'NO'}")
+    emit(
+        {
+            "device": torch.cuda.get_device_name(),
+            "params": PARAMS,
+            "shape": SMALL,
+            "us_per_launch": medians,
+            "rounds": rounds,
+            "ratio_to_bare": {k: v / medians["bare"] for k, v in medians.items()},
+            "tflops": tflops,
+            "checks": checks,
+        },
+        opts.json,
+    )
+
+
+if __name__ == "__main__":
+    main()
