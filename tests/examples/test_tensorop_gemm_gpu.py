@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from ..conftest import family_variants
-from ..kernels.reference import TORCH_DTYPES, same_bits
+from ..kernels.reference import same_bits
+from .gemm_cases import compact_k_major, gemm_operands, gemm_reference, randn_operands
 from .graphs import launched_grids
 from .jit import jit_call
 
@@ -18,30 +19,17 @@ pytestmark = pytest.mark.gpu
 SHAPES = [(128, 128, 64), (200, 136, 40), (1, 8, 8), (300, 264, 520), (64, 1024, 2048)]
 
 
-def _operands(m: int, n: int, k: int, p: dict, gen: torch.Generator) -> list[torch.Tensor]:
-    """A a column slice of a wider buffer (its row stride k + 8), B contiguous, C a slice too."""
-    ab, out = TORCH_DTYPES[p["ab"]], TORCH_DTYPES[p["out"]]
-    a = torch.randint(-3, 4, (m, k + 8), device="cuda", generator=gen).to(ab)[:, :k]
-    b = torch.randint(-3, 4, (n, k), device="cuda", generator=gen).to(ab)
-    c = torch.full((m, n + 8), float("nan"), device="cuda", dtype=out)[:, :n]
-    return [a, b, c]
-
-
-def _reference(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return (a.double() @ b.double().t()).to(dtype)
-
-
 def test_eager_and_graph_equal_torch(examples_registry, device_arch) -> None:
     gen = torch.Generator(device="cuda").manual_seed(3)
     for entry in family_variants(examples_registry, "examples.tensorop_gemm", device_arch):
         p = dict(entry.params)
         launch = examples_registry.kernel(entry.family, entry.abi, **p).prepare()
         for m, n, k in SHAPES:
-            a, b, c = _operands(m, n, k, p, gen)
+            a, b, c = gemm_operands(m, n, k, p, gen)
             launch.checked(a, b, c)
             torch.cuda.synchronize()
-            assert same_bits(c, _reference(a, b, c.dtype)), (p, m, n, k)
-        a, b, c = _operands(300, 264, 520, p, gen)
+            assert same_bits(c, gemm_reference(a, b, c.dtype)), (p, m, n, k)
+        a, b, c = gemm_operands(300, 264, 520, p, gen)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             launch(a, b, c)
@@ -51,7 +39,7 @@ def test_eager_and_graph_equal_torch(examples_registry, device_arch) -> None:
             c.fill_(float("nan"))
             graph.replay()
             torch.cuda.synchronize()
-            assert same_bits(c, _reference(a, b, c.dtype)), p
+            assert same_bits(c, gemm_reference(a, b, c.dtype)), p
 
 
 def test_checked_refuses_a_k_the_chunks_cannot_cover(examples_registry, device_arch) -> None:
@@ -59,7 +47,7 @@ def test_checked_refuses_a_k_the_chunks_cannot_cover(examples_registry, device_a
 
     (entry, *_) = family_variants(examples_registry, "examples.tensorop_gemm", device_arch)
     launch = examples_registry.kernel(entry.family, entry.abi, **entry.params).prepare()
-    a, b, c = _operands(64, 64, 36, dict(entry.params), torch.Generator(device="cuda").manual_seed(2))
+    a, b, c = gemm_operands(64, 64, 36, dict(entry.params), torch.Generator(device="cuda").manual_seed(2))
     with pytest.raises(LaunchArgumentError, match="'k' must be a multiple of 8"):
         launch.checked(a, b, c)
 
@@ -77,15 +65,8 @@ def test_aot_equals_jit_bits_and_grid(examples_registry, device_arch) -> None:
         # compact operands, marked as the DSL's GEMM examples mark them: k (and so each row)
         # a multiple of 16 bytes; any values: the same MMAs add them in the same order
         m, n, k = 300, 264, 520
-        a = torch.randn(m, k, device="cuda", generator=gen).to(TORCH_DTYPES[p["ab"]])
-        b = torch.randn(n, k, device="cuda", generator=gen).to(TORCH_DTYPES[p["ab"]])
-        c = torch.full((m, n), float("nan"), device="cuda", dtype=TORCH_DTYPES[p["out"]])
-        twin = torch.full_like(c, float("-inf"))
-
-        def mark(t):
-            return t.mark_compact_shape_dynamic(mode=1, stride_order=(0, 1), divisibility=8)
-
-        jit = jit_call(gemm, [a, b, twin], mark)
+        a, b, c, twin = randn_operands(m, n, k, p, gen)
+        jit = jit_call(gemm, [a, b, twin], compact_k_major)
         aot.checked(a, b, c)
         jit(a, b, twin, stream=torch.cuda.current_stream().cuda_stream)
         torch.cuda.synchronize()
