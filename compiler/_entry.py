@@ -25,7 +25,7 @@ from typing import Any
 
 from b12x_aot.loader import Arg, Geometry, StaticGeometry, input_words, symbol_bindings
 
-from ._host_launch import HostInput
+from ._host_frame import HostInput
 from ._spec import Spec, entry_value
 from ._spec_args import static_extent
 from .errors import EntryError
