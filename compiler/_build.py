@@ -18,9 +18,10 @@ from b12x_aot.registry import FailureRecord, RegistryStore, RegistryWriter, Vari
 from ._driver import CompileJob, CompileOutcome
 from ._executor import Executor
 from ._plan import Plan
+from ._sass import sass_refusal
 from ._variants import Variant
 
-__all__ = ["BuildSummary", "run_build"]
+__all__ = ["BuildSummary", "check_executor", "run_build"]
 
 
 @dataclass(slots=True)
@@ -62,6 +63,25 @@ def _reported(variant: Variant, stage: str, reason: str, previous_build: bool) -
     }
 
 
+def check_executor(plan: Plan, executor: Executor) -> str | None:
+    """Refuse ``executor`` unless it judges ``plan`` as any other executor would: every process
+    that may compile its jobs shares this toolchain (:meth:`Executor.check`) and, when a spec's
+    limits need SASS, has nvdisasm (:func:`sass_refusal`). Raises :class:`ToolchainError`.
+    Returns a warning to show when nvdisasm is missing but no limit needs it, else None."""
+    if not plan.to_compile():
+        return None
+    executor.check(plan)
+    missing = executor.without_nvdisasm()
+    if not missing:
+        return None
+    if needing := plan.needs_sass():
+        raise sass_refusal(needing, missing)
+    return (
+        f"nvdisasm not found on {', '.join(missing)} (install nvidia-cuda-nvdisasm, the [sass] "
+        "extra): SASS histograms and spill counts will be recorded as unknown"
+    )
+
+
 def run_build(
     plan: Plan,
     store: RegistryStore,
@@ -74,12 +94,11 @@ def run_build(
     """Compile the plan's new and stale variants on ``executor`` and record every outcome.
 
     This process is the only one that writes ``store``: the executor's workers only compile and
-    return outcomes. Before anything is recorded, ``executor.check(plan)`` must accept every
-    worker's toolchain (it raises :class:`ToolchainError` otherwise).
+    return outcomes. Before anything is recorded, :func:`check_executor` must accept the
+    executor (it raises :class:`ToolchainError` otherwise).
     """
     todo = {item.variant.key: item for item in plan.to_compile()}
-    if todo:
-        executor.check(plan)
+    check_executor(plan, executor)
     start = time.monotonic()
     writer = RegistryWriter(store)
     shard = f"{plan.shard[0]}/{plan.shard[1]}" if plan.shard else None

@@ -7,8 +7,9 @@ cubin included, which is recorded here the moment it lands. So a SQLite registry
 remote cluster, and workers need no database access.
 
 Before any job is submitted, every worker reports its :class:`Fingerprint` and any difference
-from the client's refuses the build; a worker that joins later is checked by the plugin before
-its first compile, and refuses too. Ends map as locally: past the timeout the worker kills its
+from the client's refuses the build, as does a worker without nvdisasm when a spec's limits
+need SASS (the build decides, as for the local pool); a worker that joins later is checked by
+the plugin before its first compile, and refuses too. Ends map as locally: past the timeout the worker kills its
 child (``timeout``), and a child that dies fails its job. A worker lost mid-task is rescheduled
 by dask; a task that keeps killing workers (``distributed.scheduler.allowed-failures``) comes
 back as ``KilledWorker`` and ends as a ``failed`` variant.
@@ -23,6 +24,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from . import _sass
 from ._driver import CompileJob, CompileOutcome
 from ._executor import Executor
 from ._toolchain import Fingerprint, environment_fingerprint, refuse_workers
@@ -58,6 +60,8 @@ class DaskExecutor(Executor):
         self.address, self.scheduler_file = address, scheduler_file
         self._client: Any = None
         self._checked: Fingerprint | None = None
+        self._without_nvdisasm: list[str] = []
+        self._needs_sass: tuple[str, ...] = ()
 
     def describe(self) -> str:
         return f"dask scheduler {self.address or self.scheduler_file}"
@@ -90,8 +94,11 @@ class DaskExecutor(Executor):
     def check(self, plan: Plan) -> None:
         """Ask every worker for its fingerprint of the plan's kernels; refuse on any difference
         (:class:`ToolchainError`, naming the worker, the item and both values). Waits up to a
-        minute for a first worker. Checking the same fingerprint again returns at once."""
+        minute for a first worker. Checking the same fingerprint again returns at once. Each
+        worker also says whether it has nvdisasm (:meth:`without_nvdisasm`)."""
         expected = plan.fingerprint()
+        # A worker that joins later refuses the plan's SASS-decided limits itself (the plugin).
+        self._needs_sass = tuple(plan.needs_sass())
         if expected == self._checked:
             return
         client = self._connect()
@@ -104,6 +111,7 @@ class DaskExecutor(Executor):
             ) from None
         try:
             reports = client.run(environment_fingerprint, expected.modules, on_error="return")
+            tools = client.run(_sass.find_nvdisasm, on_error="return")
         except OSError as exc:
             raise ExecutorError(f"lost the {self.describe()} while checking its workers: {exc}") from None
         problems: list[str] = []
@@ -114,7 +122,14 @@ class DaskExecutor(Executor):
                 problems.append(f"worker {worker}: cannot report its toolchain: {got}")
         if problems:
             raise refuse_workers(problems)
+        self._without_nvdisasm = [
+            f"worker {w}" for w, path in sorted(tools.items()) if not isinstance(path, str)
+        ]
         self._checked = expected
+
+    def without_nvdisasm(self) -> list[str]:
+        """The workers that had no nvdisasm when :meth:`check` asked them."""
+        return list(self._without_nvdisasm)
 
     def run_jobs(
         self,
@@ -134,7 +149,7 @@ class DaskExecutor(Executor):
         client = self._connect()
         build = uuid.uuid4().hex[:12]
         plugin = f"b12x-compile-{build}"  # one per build: unregistering it stops its children
-        client.register_plugin(CompilePlugin(self._checked), name=plugin)
+        client.register_plugin(CompilePlugin(self._checked, self._needs_sass), name=plugin)
         futures: dict[Any, CompileJob] = {}
         try:
             # Submitted in arch order, which dask keeps, so a worker's children rarely switch arch.

@@ -17,6 +17,7 @@ from typing import Any
 
 from distributed import WorkerPlugin, get_worker
 
+from . import _sass
 from ._child import CompileChild
 from ._driver import CompileJob, CompileOutcome
 from ._toolchain import Fingerprint, environment_fingerprint, refuse_workers
@@ -34,11 +35,13 @@ class CompilePlugin(WorkerPlugin):
     Each build registers its own plugin and unregisters it when it ends, which stops the
     children, so no child outlives the sources it imported. ``expected`` is the client's
     fingerprint: before its first compile the worker compares its own with it (this covers a
-    worker that joined after the client's check) and refuses every task on a difference.
+    worker that joined after the client's check) and refuses every task on a difference, or when
+    it has no nvdisasm and the specs ``needs_sass`` names have limits only SASS decides.
     """
 
-    def __init__(self, expected: Fingerprint) -> None:
+    def __init__(self, expected: Fingerprint, needs_sass: tuple[str, ...] = ()) -> None:
         self.expected = expected
+        self.needs_sass = needs_sass
 
     def setup(self, worker: Any) -> None:
         self._address: str = worker.address
@@ -47,7 +50,8 @@ class CompilePlugin(WorkerPlugin):
         self._idle: dict[str, list[tuple[CompileChild, float]]] = defaultdict(list)
         self._busy: set[CompileChild] = set()
         self._verify_lock = threading.Lock()
-        self._problems: list[str] | None = None  # None until verified
+        self._refusal: CompilerError | None = None
+        self._verified = False
         self._closing = threading.Event()
         threading.Thread(target=self._reap, name="b12x-reap-children", daemon=True).start()
 
@@ -74,15 +78,24 @@ class CompilePlugin(WorkerPlugin):
 
     def _verify(self) -> None:
         with self._verify_lock:
-            if self._problems is None:
-                try:
-                    got = environment_fingerprint(self.expected.modules)
-                except CompilerError as exc:
-                    self._problems = [f"worker {self._address}: cannot report its toolchain: {exc}"]
-                else:
-                    self._problems = self.expected.mismatches(got, self._address)
-        if self._problems:
-            raise refuse_workers(self._problems)
+            if not self._verified:
+                self._refusal = self._check()
+                self._verified = True
+        if self._refusal is not None:
+            raise self._refusal
+
+    def _check(self) -> CompilerError | None:
+        """Why this worker must not compile the build's jobs, or None; the client's own checks."""
+        try:
+            got = environment_fingerprint(self.expected.modules)
+        except CompilerError as exc:
+            return refuse_workers([f"worker {self._address}: cannot report its toolchain: {exc}"])
+        problems = self.expected.mismatches(got, self._address)
+        if problems:
+            return refuse_workers(problems)
+        if self.needs_sass and _sass.find_nvdisasm() is None:
+            return _sass.sass_refusal(self.needs_sass, [f"worker {self._address}"])
+        return None
 
     def _checkout(self, arch: str) -> CompileChild:
         with self._lock:

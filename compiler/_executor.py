@@ -35,6 +35,12 @@ class Executor(ABC):
         has the toolchain and sources the plan was made with. Call before :meth:`run_jobs`."""
 
     @abstractmethod
+    def without_nvdisasm(self) -> list[str]:
+        """The processes that may compile jobs here and have no nvdisasm, named for messages
+        ("this machine", "worker tcp://..."); empty when every one has it. Call after
+        :meth:`check`. The build, not the executor, decides what a missing one means."""
+
+    @abstractmethod
     def run_jobs(
         self,
         jobs: Sequence[CompileJob],

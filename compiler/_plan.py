@@ -71,6 +71,13 @@ class Plan:
     def to_compile(self) -> list[PlanItem]:
         return [item for item in self.items if item.state in ("new", "stale")]
 
+    def needs_sass(self) -> list[str]:
+        """The specs (paths, sorted) of the variants to compile whose limits need nvdisasm's SASS
+        histogram to be decided (:attr:`Limits.needs_sass`)."""
+        return sorted(
+            {str(i.variant.spec.path) for i in self.to_compile() if i.variant.spec.limits.needs_sass}
+        )
+
     def provenance_of(self, variant: Variant) -> Provenance:
         return self.provenance[(variant.spec.family, variant.spec.abi)]
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
 from typing import TYPE_CHECKING
 
+from . import _sass
 from ._child import CompileChild
 from ._driver import TRANSIENT, CompileJob, CompileOutcome
 from ._executor import Executor
@@ -44,6 +45,10 @@ class LocalExecutor(Executor):
 
     def check(self, plan: Plan) -> None:
         """Nothing to compare: the children run this interpreter in this environment."""
+
+    def without_nvdisasm(self) -> list[str]:
+        """The children find nvdisasm as this process does."""
+        return [] if _sass.find_nvdisasm() is not None else ["this machine"]
 
     def close(self) -> None:
         """Nothing held between builds: each :meth:`run_jobs` starts and stops its children."""

@@ -14,11 +14,14 @@ import shutil
 import subprocess
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from b12x_aot.registry import SassHistogram
 
-__all__ = ["CLASSES", "find_nvdisasm", "sass_histograms"]
+from .errors import ToolchainError
+
+__all__ = ["CLASSES", "find_nvdisasm", "sass_histograms", "sass_refusal"]
 
 # Modifiers are upper case, except the shape of a warpgroup MMA (HGMMA.64x128x16.F32.BF16).
 _LINE = re.compile(
@@ -83,6 +86,18 @@ def find_nvdisasm() -> str | None:
         for candidate in sorted(Path(root).glob("cu*/bin/nvdisasm")):
             return str(candidate)
     return None
+
+
+def sass_refusal(specs: Sequence[str], where: Sequence[str]) -> ToolchainError:
+    """The refusal of a build whose ``specs`` have limits only SASS decides, raised whenever a
+    process that may compile them (``where``: "this machine", "worker tcp://...") has no
+    nvdisasm. Without it those variants would end ``transient`` or be served unjudged, so every
+    executor refuses the same way before anything compiles."""
+    return ToolchainError(
+        f"nvdisasm not found on {', '.join(where)}, and the limits (max_spill_bytes, async_wgmma) "
+        f"of {', '.join(specs)} need its SASS histogram to be decided. Install it where the "
+        "variants compile: pip install nvidia-cuda-nvdisasm (or the [sass] extra); nothing was compiled"
+    )
 
 
 def sass_histograms(cubin: bytes, *, timeout: float = 120.0) -> dict[str, SassHistogram] | None:

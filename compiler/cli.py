@@ -27,16 +27,15 @@ from sqlalchemy.exc import SQLAlchemyError
 from b12x_aot.registry import RegistryError, RegistryStore, registry_url
 
 from ._arch import ARCHS
-from ._build import BuildSummary, run_build
+from ._build import BuildSummary, check_executor, run_build
 from ._executor import EXECUTOR_FORMS, executor_from
 from ._plan import Plan, make_plan, parse_shard
 from ._probe import check_entries
 from ._progress import BuildProgress
-from ._sass import find_nvdisasm
 from ._spec import Spec, load_specs
 from ._toolchain import current_toolchain
 from ._variants import parse_where
-from .errors import CompilerError, ToolchainError
+from .errors import CompilerError
 
 __all__ = ["main"]
 
@@ -292,13 +291,13 @@ def main(
             _print_plan(console, plan, as_json)
             return
         assert store is not None
-        _check_sass(plan, executor_text)
         if jobs is not None and executor_text != "local":
             _warn(f"-j applies to --executor local; {executor.describe()} compiles on its workers")
         todo = len(plan.to_compile())
         with executor:
-            if todo:
-                executor.check(plan)  # before the progress bar: a refusal is the only output
+            # Before the progress bar: a refusal is the only output.
+            if (warning := check_executor(plan, executor)) is not None:
+                _warn(warning)
             with BuildProgress(todo, console) as progress:
                 summary = run_build(
                     plan,
@@ -358,30 +357,6 @@ def _check_archs(archs: tuple[str, ...], loaded: Sequence[Spec]) -> None:
     if unlisted:
         _warn(
             f"no spec lists --arch {', '.join(unlisted)}; building {', '.join(a for a in archs if a in listed)}"
-        )
-
-
-def _check_sass(plan: Plan, executor_text: str) -> None:
-    """Refuse a local build whose limits need SASS when nvdisasm is missing; warn otherwise.
-
-    Without SASS those limits cannot be decided: such variants would end as ``transient``, be
-    compiled again by every build and never be served. A cluster's workers run their own
-    nvdisasm, so there a worker without it ends the same variants as ``transient``.
-    """
-    todo = plan.to_compile()
-    if not todo or find_nvdisasm() is not None:
-        return
-    needing = sorted({str(i.variant.spec.path) for i in todo if i.variant.spec.limits.needs_sass})
-    if needing and executor_text == "local":
-        raise ToolchainError(
-            "nvdisasm not found, and the limits (max_spill_bytes, async_wgmma) of "
-            f"{', '.join(needing)} need its SASS histogram to be decided. Install it: "
-            "pip install nvidia-cuda-nvdisasm (or the [sass] extra); nothing was compiled"
-        )
-    if not needing:
-        _warn(
-            "nvdisasm not found (install nvidia-cuda-nvdisasm, the [sass] extra): SASS histograms "
-            "and spill counts will be recorded as unknown"
         )
 
 

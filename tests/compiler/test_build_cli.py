@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy.exc import OperationalError
 
-from b12x_aot.compiler import _child, _pool, cli
+from b12x_aot.compiler import _child, _pool, _sass, cli
 from b12x_aot.compiler._driver import TRANSIENT, CompileJob, CompileOutcome
 from b12x_aot.compiler._executor import Executor
 from b12x_aot.compiler._plan import Plan, make_plan
@@ -66,13 +66,43 @@ def build_rows(db: Path) -> list[str]:
         return [row[0] for row in conn.execute("SELECT status FROM builds ORDER BY id")]
 
 
+class FakeExecutor(Executor):
+    """Ends every job as a compile failure, without compiling."""
+
+    def __init__(self, seen: list[str]) -> None:
+        self.seen = seen
+
+    def describe(self) -> str:
+        return "fake"
+
+    def check(self, plan: Plan) -> None:
+        pass
+
+    def without_nvdisasm(self) -> list[str]:
+        return [] if _sass.find_nvdisasm() is not None else ["this machine"]
+
+    def close(self) -> None:
+        pass
+
+    def run_jobs(
+        self,
+        jobs: Sequence[CompileJob],
+        on_outcome: Callable[[CompileOutcome], None],
+        *,
+        timeout: float | None,
+    ) -> None:
+        for job in jobs:
+            self.seen.append(job.variant.key)
+            on_outcome(CompileOutcome(job.variant, "failed", "compile", "fake", "", 0.0))
+
+
 # --- 1. nvdisasm missing -------------------------------------------------------------------
 
 
 def test_missing_nvdisasm_refuses_a_build_whose_limits_need_sass(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(cli, "find_nvdisasm", lambda: None)
+    monkeypatch.setattr(_sass, "find_nvdisasm", lambda: None)
     spec = write_spec(tmp_path, "s.yaml", ONE_VARIANT)  # max_spill_bytes: 0
     db = tmp_path / "r.db"
     result = compile_cli(str(spec), "--registry", str(db), "--json")
@@ -85,12 +115,42 @@ def test_missing_nvdisasm_refuses_a_build_whose_limits_need_sass(
 def test_missing_nvdisasm_only_warns_when_no_limit_needs_sass(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(cli, "find_nvdisasm", lambda: None)
+    monkeypatch.setattr(_sass, "find_nvdisasm", lambda: None)
     monkeypatch.setattr(cli, "executor_from", lambda text, jobs: FakeExecutor([]))
     spec = write_spec(tmp_path, "s.yaml", NO_LIMITS)
     result = compile_cli(str(spec), "--registry", str(tmp_path / "r.db"), "--json")
     assert "warning: nvdisasm not found" in result.stderr
     assert "nvidia-cuda-nvdisasm" in result.stderr
+
+
+class WorkersWithoutNvdisasm(FakeExecutor):
+    """A cluster whose worker has no nvdisasm, though this machine has one."""
+
+    def without_nvdisasm(self) -> list[str]:
+        return ["worker tcp://10.0.0.9:40000"]
+
+
+@pytest.mark.parametrize("where", ["this machine", "worker tcp://10.0.0.9:40000"])
+def test_every_executor_refuses_sass_limits_without_nvdisasm_alike(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, where: str
+) -> None:
+    seen: list[str] = []
+    if where == "this machine":
+        monkeypatch.setattr(_sass, "find_nvdisasm", lambda: None)
+        monkeypatch.setattr(cli, "executor_from", lambda text, jobs: FakeExecutor(seen))
+    else:
+        monkeypatch.setattr(_sass, "find_nvdisasm", lambda: "/usr/bin/nvdisasm")
+        monkeypatch.setattr(cli, "executor_from", lambda text, jobs: WorkersWithoutNvdisasm(seen))
+    spec = write_spec(tmp_path, "s.yaml", ONE_VARIANT)  # max_spill_bytes: 0
+    db = tmp_path / "r.db"
+    result = compile_cli(str(spec), "--registry", str(db), "--executor", "dask://sched:8786", "--json")
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.stderr.split())
+    assert (
+        f"nvdisasm not found on {where}, and the limits (max_spill_bytes, async_wgmma) of {spec}" in message
+    )
+    assert "pip install nvidia-cuda-nvdisasm" in message
+    assert seen == [] and build_rows(db) == []  # nothing compiled, nothing recorded
 
 
 def test_undecided_limits_name_what_only_sass_decides() -> None:
@@ -244,33 +304,6 @@ def test_a_dry_run_that_constraints_empty_names_the_constraints(tmp_path: Path) 
 
 
 # --- 4. the registry failing mid-build -------------------------------------------------------
-
-
-class FakeExecutor(Executor):
-    """Ends every job as a compile failure, without compiling."""
-
-    def __init__(self, seen: list[str]) -> None:
-        self.seen = seen
-
-    def describe(self) -> str:
-        return "fake"
-
-    def check(self, plan: Plan) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def run_jobs(
-        self,
-        jobs: Sequence[CompileJob],
-        on_outcome: Callable[[CompileOutcome], None],
-        *,
-        timeout: float | None,
-    ) -> None:
-        for job in jobs:
-            self.seen.append(job.variant.key)
-            on_outcome(CompileOutcome(job.variant, "failed", "compile", "fake", "", 0.0))
 
 
 @pytest.mark.parametrize(

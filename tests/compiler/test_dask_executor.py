@@ -270,6 +270,65 @@ def test_a_late_worker_checks_itself_before_its_first_compile(
         plugin.teardown(None)
 
 
+def _drop_nvdisasm() -> None:
+    """On a worker: as if nvdisasm were not installed there."""
+    from b12x_aot.compiler import _sass
+
+    _sass.find_nvdisasm = lambda: None
+
+
+def _restore_nvdisasm() -> None:
+    import importlib
+
+    from b12x_aot.compiler import _sass
+
+    importlib.reload(_sass)
+
+
+def test_a_worker_without_nvdisasm_is_refused_as_a_local_build_is(
+    tmp_path: Path, cluster: str, env: dict
+) -> None:
+    spec = write_spec(tmp_path, "fake.yaml", fake_spec("ok"))  # max_spill_bytes: 0 needs SASS
+    with distributed.Client(cluster, set_as_default=False) as client:
+        worker = sorted(client.scheduler_info()["workers"])[0]
+        client.run(_drop_nvdisasm, workers=[worker])
+        try:
+            db = tmp_path / "r.db"
+            proc, summary = build(spec, db, cluster, env=env, check=False)
+        finally:
+            client.run(_restore_nvdisasm, workers=[worker])
+    assert proc.returncode == 2, proc.stderr
+    assert summary == {"ok": False, "error": summary["error"], "exit_code": 2}
+    message = " ".join(proc.stderr.split())
+    assert (
+        f"nvdisasm not found on worker {worker}, and the limits (max_spill_bytes, async_wgmma) of" in message
+    )
+    assert "pip install nvidia-cuda-nvdisasm" in message
+    assert not current(db)
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM builds").fetchone()[0] == 0
+
+
+def test_a_late_worker_without_nvdisasm_refuses_sass_limits(
+    monkeypatch: pytest.MonkeyPatch, pkgs: Path
+) -> None:
+    from b12x_aot.compiler import ToolchainError, _sass, environment_fingerprint
+    from b12x_aot.compiler._dask_worker import CompilePlugin
+
+    monkeypatch.syspath_prepend(str(pkgs))
+    monkeypatch.setattr(_sass, "find_nvdisasm", lambda: None)
+    plugin = CompilePlugin(environment_fingerprint(["fakekernels.topk_sum"]), ("specs/fake.yaml",))
+    plugin.setup(SimpleNamespace(address="tcp://10.0.0.9:40000"))
+    try:
+        with pytest.raises(ToolchainError) as refused:
+            plugin.compile(SimpleNamespace(arch="sm_90a"), 10.0)
+        assert "nvdisasm not found on worker tcp://10.0.0.9:40000, and the limits" in (
+            refused.value.format_message()
+        )
+    finally:
+        plugin.teardown(None)
+
+
 def test_a_local_build_never_imports_dask(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "s.yaml", ONE_VARIANT)
     loaded = "print('loaded', [m for m in ('dask', 'distributed') if m in sys.modules])\n"
