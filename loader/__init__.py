@@ -57,6 +57,7 @@ from .errors import (
     RegistryFormatError,
     RequirementError,
     VariantMissError,
+    short_repr,
 )
 
 __all__ = [
@@ -116,6 +117,7 @@ __all__ = [
     "input_words",
     "params_text",
     "params_to_json",
+    "short_repr",
     "symbol_bindings",
     "tdiv",
     "tensor_fields",

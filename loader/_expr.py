@@ -14,6 +14,8 @@ loader) and over the DSL's traced ``Int32`` values (the kernel's host launch fun
 passes the DSL's own ``min`` and ``max`` in ``functions``, as Python's cannot order traced
 values).
 Operands of ``//`` and ``%`` are expected to be non-negative; there floor and truncation agree.
+Every expression is bounded in its length, its depth and the size of each value it makes
+(``_ops``): past a bound it raises :class:`ExpressionError`, never allocates without limit.
 """
 
 from __future__ import annotations
@@ -24,38 +26,10 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ._abi import DTYPES
+from ._ops import ARITY, BINOPS, COMPARE, FUNCTIONS, MAX_DEPTH, MAX_SHIFT, MAX_SOURCE, UNARY, cdiv, tdiv, tmod
 from .errors import ExpressionError
 
 __all__ = ["TRACED", "Expr", "cdiv", "tdiv", "tmod"]
-
-
-def cdiv(a: Any, b: Any) -> Any:
-    """Ceiling division for non-negative operands."""
-    return (a + b - 1) // b
-
-
-def tdiv(a: int, b: int) -> int:
-    """Division truncating toward zero, as C and LLVM's ``sdiv`` divide."""
-    q = abs(a) // abs(b)
-    return q if (a < 0) == (b < 0) else -q
-
-
-def tmod(a: int, b: int) -> int:
-    """The remainder of :func:`tdiv` (the sign of ``a``), as LLVM's ``srem``."""
-    return a - b * tdiv(a, b)
-
-
-def _sizeof(name: Any) -> int:
-    if name not in DTYPES:
-        raise ExpressionError(str(name), f"sizeof() takes a dtype name, one of {', '.join(DTYPES)}")
-    return DTYPES[name].itemsize
-
-
-def _dtype(name: Any) -> str:
-    if name not in DTYPES:
-        raise ExpressionError(str(name), f"dtype() takes a dtype name, one of {', '.join(DTYPES)}")
-    return str(name)
 
 
 # In ``functions``, TRACED marks an evaluation over traced DSL values, whose comparisons have no
@@ -63,65 +37,7 @@ def _dtype(name: Any) -> str:
 # the "select", "and", "or" and "not" functions it also passes.
 TRACED = "__traced__"
 
-# Shift counts past any launch value: a larger one would only build a huge integer (or, negative,
-# raise a ValueError that names no expression).
-MAX_SHIFT = 256
 
-
-def _checked_shift(shift: Callable[[Any, Any], Any], symbol: str) -> Callable[[Any, Any], Any]:
-    def checked(a: Any, b: Any) -> Any:
-        if isinstance(b, int) and not 0 <= b <= MAX_SHIFT:
-            raise ExpressionError(f"{symbol} {b}", f"a shift count must be 0..{MAX_SHIFT} (got {b})")
-        return shift(a, b)
-
-    return checked
-
-
-_BINOPS: Mapping[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.LShift: _checked_shift(operator.lshift, "<<"),
-    ast.RShift: _checked_shift(operator.rshift, ">>"),
-    ast.BitAnd: operator.and_,
-    ast.BitOr: operator.or_,
-    ast.BitXor: operator.xor,
-}
-_UNARY: Mapping[type, Callable[[Any], Any]] = {
-    ast.USub: operator.neg,
-    ast.UAdd: operator.pos,
-    ast.Not: operator.not_,
-}
-_COMPARE: Mapping[type, Callable[[Any, Any], Any]] = {
-    ast.Eq: operator.eq,
-    ast.NotEq: operator.ne,
-    ast.Lt: operator.lt,
-    ast.LtE: operator.le,
-    ast.Gt: operator.gt,
-    ast.GtE: operator.ge,
-    ast.In: lambda a, b: a in b,
-    ast.NotIn: lambda a, b: a not in b,
-}
-_FUNCTIONS: Mapping[str, Callable[..., Any]] = {
-    "cdiv": cdiv,
-    "min": min,
-    "max": max,
-    "sizeof": _sizeof,
-    "dtype": _dtype,
-    "tdiv": tdiv,
-    "tmod": tmod,
-}
-_ARITY: Mapping[str, tuple[int, int]] = {
-    "cdiv": (2, 2),
-    "min": (2, 8),
-    "max": (2, 8),
-    "sizeof": (1, 1),
-    "dtype": (1, 1),
-    "tdiv": (2, 2),
-    "tmod": (2, 2),
-}
 # Nodes that need no check of their own: containers, contexts and the operators that the
 # BinOp/UnaryOp/Compare checks have already vetted (ast.walk visits parents first).
 _PASSIVE_NODES = (
@@ -133,9 +49,9 @@ _PASSIVE_NODES = (
     ast.IfExp,
     ast.Tuple,
     ast.List,
-    *_BINOPS,
-    *_UNARY,
-    *_COMPARE,
+    *BINOPS,
+    *UNARY,
+    *COMPARE,
 )
 
 
@@ -155,21 +71,21 @@ def _check(node: ast.AST, source: str) -> frozenset[str]:
             if not isinstance(sub.value, int | str) or sub.value is None:
                 raise ExpressionError(source, f"literal {sub.value!r} is not an integer or string")
         elif isinstance(sub, ast.BinOp):
-            if type(sub.op) not in _BINOPS:
+            if type(sub.op) not in BINOPS:
                 hint = " (use // for integer division)" if isinstance(sub.op, ast.Div) else ""
                 raise ExpressionError(source, f"operator {type(sub.op).__name__} is not allowed{hint}")
         elif isinstance(sub, ast.UnaryOp):
-            if type(sub.op) not in _UNARY:
+            if type(sub.op) not in UNARY:
                 raise ExpressionError(source, f"operator {type(sub.op).__name__} is not allowed")
         elif isinstance(sub, ast.Compare):
             for op in sub.ops:
-                if type(op) not in _COMPARE:
+                if type(op) not in COMPARE:
                     raise ExpressionError(source, f"comparison {type(op).__name__} is not allowed")
         elif isinstance(sub, ast.Call):
             func = sub.func
-            if not isinstance(func, ast.Name) or func.id not in _FUNCTIONS:
-                raise ExpressionError(source, f"only the functions {', '.join(_FUNCTIONS)} may be called")
-            lo, hi = _ARITY[func.id]
+            if not isinstance(func, ast.Name) or func.id not in FUNCTIONS:
+                raise ExpressionError(source, f"only the functions {', '.join(FUNCTIONS)} may be called")
+            lo, hi = ARITY[func.id]
             if sub.keywords or not lo <= len(sub.args) <= hi:
                 raise ExpressionError(source, f"{func.id}() takes {lo}..{hi} positional arguments")
         else:
@@ -177,7 +93,7 @@ def _check(node: ast.AST, source: str) -> frozenset[str]:
     return frozenset(_free_names(node))
 
 
-def _walk(node: ast.AST, env: Mapping[str, Any], funcs: Mapping[str, Callable[..., Any]] = _FUNCTIONS) -> Any:
+def _walk(node: ast.AST, env: Mapping[str, Any], funcs: Mapping[str, Callable[..., Any]] = FUNCTIONS) -> Any:
     if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.Name):
@@ -186,16 +102,16 @@ def _walk(node: ast.AST, env: Mapping[str, Any], funcs: Mapping[str, Callable[..
         except KeyError:
             raise ExpressionError(node.id, f"name {node.id!r} is not defined here") from None
     if isinstance(node, ast.BinOp):
-        return _BINOPS[type(node.op)](_walk(node.left, env, funcs), _walk(node.right, env, funcs))
+        return BINOPS[type(node.op)](_walk(node.left, env, funcs), _walk(node.right, env, funcs))
     if isinstance(node, ast.UnaryOp):
-        return _UNARY[type(node.op)](_walk(node.operand, env, funcs))
+        return UNARY[type(node.op)](_walk(node.operand, env, funcs))
     traced = TRACED in funcs
     if isinstance(node, ast.Compare):
         left = _walk(node.left, env, funcs)
         results = []
         for op, comparator in zip(node.ops, node.comparators, strict=True):
             right = _walk(comparator, env, funcs)
-            results.append(_COMPARE[type(op)](left, right))
+            results.append(COMPARE[type(op)](left, right))
             if not traced and not results[-1]:
                 return False
             left = right
@@ -230,7 +146,7 @@ def _closure(node: ast.AST, constants: Mapping[str, Any], positions: Mapping[str
     if not free & positions.keys():
         return _walk(node, constants)
     if isinstance(node, ast.BinOp):
-        op = _BINOPS[type(node.op)]
+        op = BINOPS[type(node.op)]
         left = _closure(node.left, constants, positions)
         right = _closure(node.right, constants, positions)
         if not callable(left):
@@ -239,7 +155,7 @@ def _closure(node: ast.AST, constants: Mapping[str, Any], positions: Mapping[str
             return lambda a: op(left(a), right)
         return lambda a: op(left(a), right(a))
     if isinstance(node, ast.Compare) and len(node.ops) == 1:
-        cmp = _COMPARE[type(node.ops[0])]
+        cmp = COMPARE[type(node.ops[0])]
         left = _closure(node.left, constants, positions)
         right = _closure(node.comparators[0], constants, positions)
         if not callable(left):
@@ -248,7 +164,7 @@ def _closure(node: ast.AST, constants: Mapping[str, Any], positions: Mapping[str
             return lambda a: cmp(left(a), right)
         return lambda a: cmp(left(a), right(a))
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-        func = _FUNCTIONS[node.func.id]
+        func = FUNCTIONS[node.func.id]
         parts = [_closure(arg, constants, positions) for arg in node.args]
         getters = [p if callable(p) else (lambda _a, v=p: v) for p in parts]
         return lambda a: func(*(g(a) for g in getters))
@@ -382,11 +298,13 @@ class Expr:
         ``min``/``max`` that work on traced values, where Python's cannot compare.
         """
         try:
-            return _walk(self._tree.body, env, {**_FUNCTIONS, **functions} if functions else _FUNCTIONS)
+            return _walk(self._tree.body, env, {**FUNCTIONS, **functions} if functions else FUNCTIONS)
         except ExpressionError as exc:
             if exc.source in self.names:
                 raise ExpressionError(self.source, f"unbound name(s): {exc.source}") from None
             raise ExpressionError(self.source, exc.reason) from None  # name the whole expression
+        except TypeError as exc:  # operands the operator does not take: 'bf16' + 1
+            raise ExpressionError(self.source, f"cannot be evaluated: {exc}") from None
 
     def compile(
         self, constants: Mapping[str, Any], positions: Mapping[str, int]
@@ -416,9 +334,21 @@ class Expr:
         return _python(self._tree.body, constants, positions)
 
     def substitute(self, bound: Mapping[str, Expr]) -> Expr:
-        """This expression with each name in ``bound`` replaced by its expression."""
+        """This expression with each name in ``bound`` replaced by its expression; raises
+        :class:`ExpressionError` when the result would be longer than an expression may be."""
         if not self.names & bound.keys():
             return self
+        # Lets that read each other twice double at each step: refuse before building the text.
+        grown = len(self.source) + sum(
+            len(bound[n.id].source) + 2
+            for n in ast.walk(self._tree)
+            if isinstance(n, ast.Name) and n.id in bound
+        )
+        if grown > 2 * MAX_SOURCE:
+            raise ExpressionError(
+                self.source,
+                f"with its let names substituted is about {grown:,} characters; at most {MAX_SOURCE:,} are read",
+            )
 
         class _Replace(ast.NodeTransformer):
             def visit_Name(self, node: ast.Name) -> ast.AST:
@@ -431,12 +361,29 @@ class Expr:
         return self.source
 
 
+def _depth(tree: ast.AST) -> int:
+    """How many levels deep ``tree`` nests, counted without recursion."""
+    deepest, pending = 0, [(tree, 1)]
+    while pending:
+        node, depth = pending.pop()
+        deepest = max(deepest, depth)
+        pending.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return deepest
+
+
 @functools.lru_cache(maxsize=4096)
 def _parse(text: str) -> Expr:
     if not text:
         raise ExpressionError(text, "the expression is empty")
+    if len(text) > MAX_SOURCE:
+        raise ExpressionError(text, f"is {len(text):,} characters long; at most {MAX_SOURCE:,} are read")
+    too_deep = f"nests deeper than {MAX_DEPTH} levels; name parts of it with launch.let"
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError as exc:
         raise ExpressionError(text, f"syntax error: {exc.msg}") from None
+    except (RecursionError, MemoryError):  # CPython's parser on a chain thousands deep
+        raise ExpressionError(text, too_deep) from None
+    if _depth(tree) > MAX_DEPTH:
+        raise ExpressionError(text, too_deep)
     return Expr(text, _check(tree, text), tree)

@@ -21,7 +21,21 @@ __all__ = [
     "RegistryFormatError",
     "RequirementError",
     "VariantMissError",
+    "short_repr",
 ]
+
+
+def short_repr(value: object, limit: int = 160) -> str:
+    """``repr(value)`` with long strings and deep or long containers elided, at most about
+    ``limit`` characters: a message shows the bad value, never all of a huge one."""
+    import reprlib  # only on the error path
+
+    r = reprlib.Repr()
+    r.maxlevel, r.maxlist, r.maxtuple, r.maxdict, r.maxset = 3, 6, 6, 6, 6
+    r.maxother = r.maxlong = 60
+    r.maxstring = limit
+    text = r.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class B12xError(Exception):
@@ -53,7 +67,7 @@ class ExpressionError(LoaderError, ValueError):
         self.reason = reason
 
     def format_message(self) -> str:
-        return f"expression {self.source!r}: {self.reason}"
+        return f"expression {short_repr(self.source, 400)}: {self.reason}"
 
 
 class ArgError(LoaderError, ValueError):
