@@ -25,7 +25,8 @@ from b12x_aot.loader import (
 
 from ._arch import ARCHS
 from ._spec_args import ArgTemplate, check_arg, spec_symbols, tensor_template
-from ._spec_yaml import Faults, compose, pydantic_faults
+from ._spec_check import check_expressions
+from ._spec_yaml import Faults, compose, pydantic_faults, read_text
 from .errors import SpecError, SpecFault
 
 __all__ = [
@@ -396,15 +397,7 @@ def _entry_values(
 def load_spec(path: str | Path) -> Spec:
     """Load and validate one spec file. Raises :class:`SpecError` listing every fault."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(path, [SpecFault(0, "", f"cannot read the file: {exc.strerror}")]) from None
-    except UnicodeDecodeError as exc:
-        line = path.read_bytes()[: exc.start].count(b"\n") + 1
-        raise SpecError(
-            path, [SpecFault(line, "", f"not UTF-8 text (byte {exc.start}: {exc.reason})")]
-        ) from None
+    text = read_text(path)
     data, lines = compose(text, path)
     faults = Faults(lines)
     if not isinstance(data, dict):
@@ -420,7 +413,7 @@ def load_spec(path: str | Path) -> Spec:
     constexpr = _entry_values("constexpr", model.constexpr, params, faults)
     if faults.items or geometry is None:
         raise SpecError(path, faults.items)
-    return Spec(
+    spec = Spec(
         path=path,
         family=model.family,
         abi=model.abi,
@@ -435,6 +428,11 @@ def load_spec(path: str | Path) -> Spec:
         init=init,
         constexpr=constexpr,
     )
+    runtime = (*spec.scalar_names, *spec.symbols)
+    check_expressions(spec.params, spec.archs[0], runtime, geometry, spec.constraints, faults)
+    if faults.items:
+        raise SpecError(path, faults.items)
+    return spec
 
 
 def load_specs(paths: Iterable[str | Path]) -> list[Spec]:

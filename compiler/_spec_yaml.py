@@ -13,23 +13,41 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from b12x_aot.loader import Expr, ExpressionError
+from b12x_aot.loader import Expr, ExpressionError, short_repr
+from b12x_aot.registry import BoundedLoader, YamlLimitError, read_yaml, yaml_fault
 
 from .errors import SpecError, SpecFault
 
-__all__ = ["Faults", "compose", "pydantic_faults"]
+__all__ = ["Faults", "compose", "pydantic_faults", "read_text"]
+
+
+def read_text(path: Path) -> str:
+    """The spec file's text; a file that cannot be read, is too large or is not UTF-8 is a fault."""
+    try:
+        data = read_yaml(path)
+    except OSError as exc:
+        raise SpecError(path, [SpecFault(0, "", f"cannot read the file: {exc.strerror}")]) from None
+    except YamlLimitError as exc:
+        raise SpecError(path, [SpecFault(0, "", exc.problem)]) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise SpecError(
+            path, [SpecFault(line, "", f"not UTF-8 text (byte {exc.start}: {exc.reason})")]
+        ) from None
 
 
 def compose(text: str, path: Path) -> tuple[Any, dict[tuple[Any, ...], int]]:
-    """Parse YAML into plain objects plus a map from each value's path to its line."""
+    """Parse YAML into plain objects plus a map from each value's path to its line.
+
+    Composed by the registry's :class:`BoundedLoader`: an alias bomb or a deep nesting is
+    refused before any value is built, and a tag outside YAML's standard ones is a fault.
+    """
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=BoundedLoader)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark else 1
-        raise SpecError(
-            path, [SpecFault(line, "", f"invalid YAML: {getattr(exc, 'problem', exc)}")]
-        ) from None
+        raise _yaml_error(path, exc) from None
     if root is None:
         raise SpecError(path, [SpecFault(1, "", "the file is empty")])
     lines: dict[tuple[Any, ...], int] = {}
@@ -53,7 +71,17 @@ def compose(text: str, path: Path) -> tuple[Any, dict[tuple[Any, ...], int]]:
             return [build(item, (*where, i)) for i, item in enumerate(node.value)]
         return constructor.construct_object(node, deep=True)
 
-    return build(root, ()), lines
+    try:
+        return build(root, ()), lines
+    except yaml.YAMLError as exc:  # a tag SafeConstructor does not know, a bad timestamp
+        raise _yaml_error(path, exc) from None
+
+
+def _yaml_error(path: Path, exc: yaml.YAMLError) -> SpecError:
+    line, reason = yaml_fault(exc)
+    if isinstance(exc, YamlLimitError):  # line 0: the file as a whole
+        return SpecError(path, [SpecFault(line, "", reason)])
+    return SpecError(path, [SpecFault(line or 1, "", f"invalid YAML: {reason}")])
 
 
 def _dotted(where: Iterable[Any]) -> str:
@@ -81,13 +109,13 @@ class Faults:
         try:
             expr = Expr.parse(source)
         except ExpressionError as exc:
-            self.add(where, f"bad expression {source!r}: {exc.reason}")
+            self.add(where, f"bad expression {short_repr(source)}: {exc.reason}")
             return None
         unknown = expr.names - set(allowed)
         if unknown:
             self.add(
                 where,
-                f"expression {source!r} reads {', '.join(sorted(unknown))}, which is not "
+                f"expression {short_repr(source)} reads {', '.join(sorted(unknown))}, which is not "
                 f"among: {', '.join(sorted(allowed)) or '(nothing)'}",
             )
             return None
@@ -102,5 +130,5 @@ def pydantic_faults(exc: ValidationError, faults: Faults) -> None:
         # Unions report each branch's type name in loc; keep the path a user would write.
         where = tuple(p for p in where if p not in ("int", "str", "bool", "list[...]", "none"))
         got = err.get("input")
-        suffix = "" if err["type"] == "missing" else f" (got {got!r})"
+        suffix = "" if err["type"] == "missing" else f" (got {short_repr(got)})"
         faults.add(where, err["msg"] + suffix)

@@ -17,10 +17,10 @@ A manifest is a mapping (parsed from YAML or JSON by the caller) of the form::
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from .errors import ManifestError
+from .errors import ManifestError, short_repr
 
 __all__ = ["Manifest", "ParamRange", "Requirement"]
 
@@ -74,6 +74,22 @@ class Requirement(NamedTuple):
             return False
         return all(name in params and params[name] in match for name, match in self.params)
 
+    def unknown_params(self, params_of: Iterable[tuple[str, int, Mapping[str, Any]]]) -> str:
+        """Why nothing can match when a param this entry names is no param of its family's
+        variants (``params_of``: each variant's family, ABI and params): which names are
+        unknown and which the family has; empty when every name is known."""
+        known: set[str] = set()
+        for family, abi, params in params_of:
+            if family == self.family and abi == self.abi:
+                known.update(params)
+        unknown = [name for name, _ in self.params if name not in known]
+        if not known or not unknown:
+            return ""
+        return (
+            f"{self.family} abi={self.abi} has no param {', '.join(map(repr, unknown))} "
+            f"(its params: {', '.join(sorted(known))})"
+        )
+
     def describe(self) -> str:
         parts = []
         for name, match in self.params:
@@ -105,15 +121,15 @@ class Manifest(NamedTuple):
 
 def _requirement(index: int, entry: Any) -> Requirement:
     if entry.__class__ is not dict and not isinstance(entry, Mapping):
-        raise ManifestError(f"variants[{index}]: must be a mapping (got {entry!r})")
+        raise ManifestError(f"variants[{index}]: must be a mapping (got {short_repr(entry)})")
     if not entry.keys() <= _KEYS:
-        unknown = sorted(set(entry) - _KEYS)
+        unknown = short_repr(sorted(map(str, set(entry) - _KEYS)))
         raise ManifestError(f"variants[{index}]: unknown keys {unknown}; allowed: family, abi, archs, params")
     family, abi = entry.get("family"), entry.get("abi")
     if family.__class__ is not str:
-        raise ManifestError(f"variants[{index}].family: must be a string (got {family!r})")
+        raise ManifestError(f"variants[{index}].family: must be a string (got {short_repr(family)})")
     if abi.__class__ is not int:
-        raise ManifestError(f"variants[{index}].abi: must be an integer (got {abi!r})")
+        raise ManifestError(f"variants[{index}].abi: must be an integer (got {short_repr(abi)})")
     archs = entry.get("archs")
     if archs is not None:
         if isinstance(archs, str):
@@ -121,12 +137,12 @@ def _requirement(index: int, entry: Any) -> Requirement:
         if archs.__class__ not in (list, tuple) or not archs or not all(isinstance(a, str) for a in archs):
             raise ManifestError(
                 f"variants[{index}].archs: must be a non-empty list of arch names such as [sm_90a] "
-                f"(got {archs!r}); leave it out to mean every arch"
+                f"(got {short_repr(archs)}); leave it out to mean every arch"
             )
         archs = tuple(archs)
     params_in = entry.get("params") or {}
     if params_in.__class__ is not dict and not isinstance(params_in, Mapping):
-        raise ManifestError(f"variants[{index}].params: must be a mapping (got {params_in!r})")
+        raise ManifestError(f"variants[{index}].params: must be a mapping (got {short_repr(params_in)})")
     params = tuple((str(name), _match(index, name, raw)) for name, raw in params_in.items())
     return Requirement(family, abi, archs, params)
 
@@ -140,13 +156,13 @@ def _match(index: int, name: str, raw: Any) -> tuple[Value, ...] | ParamRange:
     where = f"variants[{index}].params.{name}"
     if isinstance(raw, Mapping):
         if set(raw) - {"min", "max"} or not raw:
-            raise ManifestError(f"{where}: a range is {{min: N, max: M}} (got {dict(raw)!r})")
+            raise ManifestError(f"{where}: a range is {{min: N, max: M}} (got {short_repr(dict(raw))})")
         lo, hi = raw.get("min"), raw.get("max")
         for bound in (lo, hi):
             if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int)):
-                raise ManifestError(f"{where}: range bounds must be integers (got {bound!r})")
+                raise ManifestError(f"{where}: range bounds must be integers (got {short_repr(bound)})")
         return ParamRange(lo, hi)
     values = raw if raw.__class__ in (list, tuple) else [raw]
     if not values or not all(v.__class__ in _SCALARS for v in values):
-        raise ManifestError(f"{where}: values must be ints, strings or bools (got {raw!r})")
+        raise ManifestError(f"{where}: values must be ints, strings or bools (got {short_repr(raw)})")
     return tuple(values)

@@ -34,6 +34,7 @@ from ._records import (
 from ._schema import SCHEMA_VERSION
 from ._store import BlobStore, RegistryStore, registry_url
 from ._writer import RegistryWriter
+from ._yaml import BoundedLoader, YamlLimitError, read_yaml, yaml_fault
 from .errors import (
     BlobDirError,
     BlobError,
@@ -51,7 +52,10 @@ __all__ = [
     "BlobDirError",
     "BlobError",
     "BlobStore",
+    "BoundedLoader",
+    "BuildRow",
     "Change",
+    "Column",
     "DiffReport",
     "FailureRecord",
     "FailureRow",
@@ -75,6 +79,7 @@ __all__ = [
     "VariantRecord",
     "VariantRow",
     "VariantState",
+    "YamlLimitError",
     "artifact_shas",
     "builds",
     "compare",
@@ -83,8 +88,11 @@ __all__ = [
     "failure_rows",
     "find_variant",
     "latest_failures",
+    "lost_rows",
     "provenance_of",
+    "read_yaml",
     "registry_url",
     "source_closures",
     "variant_rows",
+    "yaml_fault",
 ]

@@ -58,6 +58,10 @@ def unsatisfied(manifest: Manifest, rows: Sequence[VariantRow]) -> list[str]:
     missing: list[str] = []
     for req in manifest.requirements:
         matched = [r for r in rows if req.matches(r.family, r.abi, r.arch, r.params)]
+        unknown = "" if matched else req.unknown_params((r.family, r.abi, r.params) for r in rows)
+        if unknown:  # a misspelt param matches nothing: say so, not only that nothing matched
+            missing.append(f"{req.describe()}: {unknown}")
+            continue
         if not req.is_exact:
             if not matched:
                 missing.append(req.describe())

@@ -33,6 +33,7 @@ from ._tables import (
     print_variant,
     print_variants,
 )
+from ._yaml import BoundedLoader, read_yaml, yaml_fault
 from .errors import NoSuchVariant, RegistryError
 
 __all__ = ["main"]
@@ -105,10 +106,16 @@ def _check_filters(
 
 def _manifest(path: str) -> Manifest:
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ManifestError(f"cannot read manifest {path}: {exc}") from None
-    return Manifest.from_mapping(data)
+        data = yaml.load(read_yaml(Path(path)), Loader=BoundedLoader)
+    except OSError as exc:
+        raise ManifestError(f"cannot read manifest {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        line, reason = yaml_fault(exc)
+        raise ManifestError(f"manifest {path}{f':{line}' if line else ''}: {reason}") from None
+    try:
+        return Manifest.from_mapping(data)
+    except ManifestError as exc:
+        raise ManifestError(f"manifest {path}: {exc}") from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
