@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from b12x_aot.loader import Arg, Expr, ExpressionError, StaticGeometry, VariantId
+from b12x_aot.loader import Arg, Expr, ExpressionError, StaticGeometry, VariantId, cdiv, tdiv, tmod
 
 from ._arch import ARCHS
 from ._spec import ARCH_NAME, Spec
@@ -72,6 +72,7 @@ class Expansion:
     accepted: list[Variant]
     rejected: list[Rejection]
     pruned: list[Pruned]  # per arch, most combinations first
+    tested: int = 0  # constraint evaluations the walk made: bounded by the combinations it reached
 
 
 def parse_where(items: Iterable[str]) -> dict[str, str]:
@@ -113,30 +114,50 @@ def _filter(spec: Spec, where: Mapping[str, str]) -> list[tuple[str, tuple[Any, 
     return params
 
 
+# Past these a plan is refused: no build compiles a million variants of one spec, and a matrix
+# that needs a hundred million combinations tested wants constraints on its first params.
+MAX_VARIANTS = 1_000_000
+MAX_TESTED = 100_000_000
+
+
 class _Constraints:
-    """A spec's constraints, each tested once its names are bound. A matrix of millions of
-    combinations has few distinct values of the names each constraint reads, so each verdict
-    is kept per those values and every constraint is evaluated once per distinct tuple."""
+    """A spec's constraints, each tested once the params it reads are bound, on the list
+    ``values`` (``[arch, first param, second, ...]``) of what the walk has bound so far.
+
+    Each is compiled once: to inline Python over ``values`` where ``Expr.python`` can write it
+    (integer params), else to the evaluator's closure. No verdict is kept per combination, so
+    memory does not grow with the matrix; ``tested`` counts the evaluations."""
 
     def __init__(self, spec: Spec, names: Sequence[str]) -> None:
         # depth d: the constraints whose names the first d params (and arch) bind; a spec's
         # constraints read only its params and arch (load_spec refuses other names).
         position = {name: i + 1 for i, name in enumerate(names)}
         position[ARCH_NAME] = 0
-        self.at_depth: list[list[tuple[Expr, tuple[str, ...], dict]]] = [[] for _ in range(len(names) + 1)]
+        self.names = [ARCH_NAME, *names]
+        strings = frozenset(
+            [ARCH_NAME, *(n for n, values in spec.params if any(isinstance(v, str) for v in values))]
+        )
+        self.at_depth: list[list[tuple[Expr, Callable[[Sequence[Any]], Any], str]]] = [
+            [] for _ in range(len(names) + 1)
+        ]
         for c in spec.constraints:
             depth = max((position[n] for n in c.names), default=0)
-            self.at_depth[depth].append((c, tuple(sorted(c.names)), {}))
+            test = _compiled(c, position, strings)
+            self.at_depth[depth].append((c, test, f"constraint {c.source!r} is false"))
+        self.tested = 0
 
-    def why_not(self, depth: int, params: Mapping[str, Any]) -> str | None:
-        """Why the params fail the constraints that depth ``depth`` binds (the first in spec
-        order), or None."""
-        for constraint, names, verdicts in self.at_depth[depth]:
-            key = tuple(params[name] for name in names)
-            if key not in verdicts:
-                verdicts[key] = self._verdict(constraint, params)
-            if verdicts[key] is not None:
-                return verdicts[key]
+    def why_not(self, depth: int, values: Sequence[Any]) -> str | None:
+        """Why the bound ``values`` fail the constraints that depth ``depth`` binds (the first
+        in spec order), or None."""
+        for constraint, test, false in self.at_depth[depth]:
+            self.tested += 1
+            try:
+                if not test(values):
+                    return false
+            except (ExpressionError, ArithmeticError, TypeError):  # the evaluator says why
+                verdict = self._verdict(constraint, dict(zip(self.names, values, strict=False)))
+                if verdict is not None:
+                    return verdict
         return None
 
     @staticmethod
@@ -144,10 +165,24 @@ class _Constraints:
         try:
             if not constraint.evaluate(params):
                 return f"constraint {constraint.source!r} is false"
-        except (ExpressionError, ArithmeticError, TypeError) as exc:
+        except (ExpressionError, ArithmeticError) as exc:
             why = exc.reason if isinstance(exc, ExpressionError) else exc  # it names the expression
             return f"constraint {constraint.source!r} does not evaluate: {why}"
         return None
+
+
+def _compiled(
+    constraint: Expr, position: Mapping[str, int], strings: frozenset[str]
+) -> Callable[[Sequence[Any]], Any]:
+    """``constraint`` as a function of the bound values: inline Python where it can be
+    written (only literals, ``A[i]`` and the grammar's operators), else a closure."""
+    source = constraint.python({}, {name: f"A[{i}]" for name, i in position.items()}, strings)
+    if source is not None:
+        scope = {"__builtins__": {}, "bool": bool, "min": min, "max": max}
+        scope.update(_cdiv=cdiv, _tdiv=tdiv, _tmod=tmod)
+        return eval(compile(f"lambda A: {source}", "<constraint>", "eval"), scope)
+    folded = constraint.compile({}, position)
+    return folded if callable(folded) else (lambda _values, v=folded: v)
 
 
 def _check(arch: str, static: StaticGeometry) -> tuple[str, str] | None:
@@ -167,29 +202,70 @@ def _check(arch: str, static: StaticGeometry) -> tuple[str, str] | None:
     return None
 
 
+def _judge(
+    spec: Spec, arch: str, params: Mapping[str, Any]
+) -> tuple[StaticGeometry | None, tuple[str, str] | None]:
+    """The static geometry of ``params`` and, when the planner rejects it, ``(stage, reason)``."""
+    try:
+        static = spec.geometry.bind_static(params)
+    except (ExpressionError, ZeroDivisionError) as exc:
+        return None, ("geometry", f"launch geometry does not evaluate: {exc}")
+    return static, _check(arch, static)
+
+
 def _combinations(
-    matrix: Sequence[tuple[str, tuple[Any, ...]]], constraints: _Constraints, arch: str, pruned: Counter
+    spec: Spec,
+    matrix: Sequence[tuple[str, tuple[Any, ...]]],
+    constraints: _Constraints,
+    arch: str,
+    pruned: Counter,
 ) -> Iterator[dict[str, Any]]:
     """The combinations of ``matrix`` that every constraint holds for on ``arch``, in
-    ``itertools.product`` order; each pruned subtree's size is added to ``pruned[reason]``."""
+    ``itertools.product`` order; each pruned subtree's size is added to ``pruned[reason]``.
+    Raises :class:`SpecError` past :data:`MAX_TESTED` evaluations."""
     names = [n for n, _ in matrix]
     below = [math.prod(len(v) for _, v in matrix[d:]) for d in range(len(matrix) + 1)]
-    params: dict[str, Any] = {ARCH_NAME: arch}
+    values: list[Any] = [arch] + [None] * len(names)
+    last = len(names)
 
     def walk(depth: int) -> Iterator[dict[str, Any]]:
-        reason = constraints.why_not(depth, params)
+        reason = constraints.why_not(depth, values)
         if reason is not None:
             pruned[reason] += below[depth]
             return
-        if depth == len(names):
-            yield {name: params[name] for name in names}
+        if depth == last:
+            yield dict(zip(names, values[1:], strict=True))
+            return
+        if constraints.tested > MAX_TESTED:
+            raise _too_many(spec, "tested", MAX_TESTED, below[0])
+        if depth + 1 == last:  # the last param: a loop, not a generator per combination
+            for value in matrix[depth][1]:
+                values[last] = value
+                reason = constraints.why_not(last, values)
+                if reason is None:
+                    yield dict(zip(names, values[1:], strict=True))
+                else:
+                    pruned[reason] += 1
             return
         for value in matrix[depth][1]:
-            params[names[depth]] = value
+            values[depth + 1] = value
             yield from walk(depth + 1)
-        params.pop(names[depth], None)
 
     yield from walk(0)
+
+
+def _too_many(spec: Spec, what: str, limit: int, combinations: int) -> SpecError:
+    return SpecError(
+        spec.path,
+        [
+            SpecFault(
+                0,
+                "params",
+                f"planning {spec.family} {what} more than {limit:,} combinations of its "
+                f"{combinations:,}: add constraints that read the first params, or narrow it with --where",
+            )
+        ],
+    )
 
 
 def expand(
@@ -216,20 +292,22 @@ def expand(
     out = Expansion([], [], [])
     templated = sorted({a.template_param for a in spec.args if a.template_param is not None})
     resolved: dict[tuple[Any, ...], tuple[Arg, ...]] = {}  # args by their dtype params' values
+    # block, smem and cluster by the values of the params they read (and the arch judging them)
+    static_names = sorted(spec.geometry.static_names())
+    judged: dict[tuple[Any, ...], tuple[StaticGeometry | None, tuple[str, str] | None]] = {}
     for arch in spec.archs if archs is None else [a for a in spec.archs if a in archs]:
         pruned: Counter[str] = Counter()
-        for params in _combinations(matrix, constraints, arch, pruned):
+        for params in _combinations(spec, matrix, constraints, arch, pruned):
+            if len(out.accepted) + len(out.rejected) >= MAX_VARIANTS:
+                raise _too_many(spec, "kept", MAX_VARIANTS, math.prod(len(v) for _, v in matrix))
             vid = VariantId.of(family=spec.family, abi=spec.abi, arch=arch, params=params)
             dtypes = tuple(params.get(name) for name in templated)
             if dtypes not in resolved:
                 resolved[dtypes] = tuple(a.resolve(params) for a in spec.args)
-            try:
-                static = spec.geometry.bind_static(params)
-            except (ExpressionError, ZeroDivisionError) as exc:
-                reason = f"launch geometry does not evaluate: {exc}"
-                out.rejected.append(Rejection(Variant(spec, vid, resolved[dtypes]), "geometry", reason))
-                continue
-            problem = _check(arch, static)
+            shape = (arch, *(params[name] for name in static_names))
+            if shape not in judged:
+                judged[shape] = _judge(spec, arch, params)
+            static, problem = judged[shape]
             if problem is not None:
                 out.rejected.append(Rejection(Variant(spec, vid, resolved[dtypes]), *problem))
             else:
@@ -237,4 +315,4 @@ def expand(
         out.pruned.extend(
             Pruned(spec.family, spec.abi, arch, reason, count) for reason, count in pruned.most_common()
         )
-    return out
+    return replace(out, tested=constraints.tested)

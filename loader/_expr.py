@@ -194,6 +194,8 @@ _SYMBOLS: Mapping[type, str] = {
     ast.LtE: "<=",
     ast.Gt: ">",
     ast.GtE: ">=",
+    ast.In: "in",  # written only where strings are (the planner's constraints)
+    ast.NotIn: "not in",
     ast.And: " and ",
     ast.Or: " or ",
 }
@@ -206,7 +208,12 @@ _EMITTED_CALLS = {
 }  # the caller binds them
 
 
-def _python(node: ast.AST, constants: Mapping[str, Any], positions: Mapping[str, str]) -> str | None:
+def _python(
+    node: ast.AST,
+    constants: Mapping[str, Any],
+    positions: Mapping[str, str],
+    strings: frozenset[str] | None = None,
+) -> str | None:
     """Python source for ``node``: params folded to int or bool literals, runtime names as the
     sources ``positions`` gives them, operators from ``_SYMBOLS``. None where it cannot (a
     string value, ``in``, ``sizeof`` of a runtime name): the caller then uses :func:`_closure`."""
@@ -215,7 +222,7 @@ def _python(node: ast.AST, constants: Mapping[str, Any], positions: Mapping[str,
         value = _walk(node, constants)
         return repr(value) if value.__class__ in (int, bool) else None
     if isinstance(node, ast.Name):
-        return positions[node.id]
+        return None if strings is not None and node.id in strings else positions[node.id]
     parts: list[str | None]
     if isinstance(node, ast.BinOp):
         if isinstance(node.op, ast.LShift | ast.RShift):
@@ -223,16 +230,21 @@ def _python(node: ast.AST, constants: Mapping[str, Any], positions: Mapping[str,
             runtime = any(isinstance(n, ast.Name) and n.id in positions for n in ast.walk(node.right))
             if runtime or not 0 <= _walk(node.right, constants) <= MAX_SHIFT:
                 return None
-        parts = [_python(node.left, constants, positions), _python(node.right, constants, positions)]
+        parts = [
+            _python(node.left, constants, positions, strings),
+            _python(node.right, constants, positions, strings),
+        ]
         return None if None in parts else f"({parts[0]} {_SYMBOLS[type(node.op)]} {parts[1]})"
     if isinstance(node, ast.UnaryOp):
-        inner = _python(node.operand, constants, positions)
+        inner = _python(node.operand, constants, positions, strings)
         return None if inner is None else f"({_SYMBOLS[type(node.op)]}{inner})"
     if isinstance(node, ast.BoolOp):  # a bool, as the evaluator gives, not the deciding operand
-        parts = [_python(v, constants, positions) for v in node.values]
+        parts = [_python(v, constants, positions, strings) for v in node.values]
         return None if None in parts else "bool(" + _SYMBOLS[type(node.op)].join(parts) + ")"  # type: ignore[arg-type]
-    if isinstance(node, ast.Compare) and not any(isinstance(op, ast.In | ast.NotIn) for op in node.ops):
-        parts = [_python(n, constants, positions) for n in (node.left, *node.comparators)]
+    if isinstance(node, ast.Compare) and (
+        strings is not None or not any(isinstance(op, ast.In | ast.NotIn) for op in node.ops)
+    ):
+        parts = [_compared(n, constants, positions, strings) for n in (node.left, *node.comparators)]
         if None in parts:
             return None
         chain = [parts[0]]
@@ -240,16 +252,33 @@ def _python(node: ast.AST, constants: Mapping[str, Any], positions: Mapping[str,
             chain += [_SYMBOLS[type(op)], right]
         return "(" + " ".join(chain) + ")"  # type: ignore[arg-type]
     if isinstance(node, ast.IfExp):
-        parts = [_python(n, constants, positions) for n in (node.body, node.test, node.orelse)]
+        parts = [_python(n, constants, positions, strings) for n in (node.body, node.test, node.orelse)]
         return None if None in parts else f"({parts[0]} if {parts[1]} else {parts[2]})"
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _EMITTED_CALLS:
-        parts = [_python(arg, constants, positions) for arg in node.args]
+        parts = [_python(arg, constants, positions, strings) for arg in node.args]
         if None in parts:
             return None
         if node.func.id == "cdiv" and parts[1].isdigit() and int(parts[1]) > 0:  # type: ignore[union-attr]
             return f"(({parts[0]} + {int(parts[1]) - 1}) // {parts[1]})"  # a call costs more than the sum
         return f"{_EMITTED_CALLS[node.func.id]}({', '.join(parts)})"  # type: ignore[arg-type]
     return None
+
+
+def _compared(
+    node: ast.AST, constants: Mapping[str, Any], positions: Mapping[str, str], strings: frozenset[str] | None
+) -> str | None:
+    """A comparison's operand. With ``strings`` (the runtime names that may hold strings), a
+    string name, a string constant or a tuple of scalars too: compared, never computed with."""
+    if strings is not None:
+        if isinstance(node, ast.Name) and node.id in strings:
+            return positions[node.id]
+        if not _free_names(node) & positions.keys():
+            value = _walk(node, constants)
+            if value.__class__ is str or (
+                value.__class__ is tuple and all(v.__class__ in (int, bool, str) for v in value)
+            ):
+                return repr(value)  # a literal that reads back as the same value
+    return _python(node, constants, positions, strings)
 
 
 class Expr:
@@ -319,19 +348,23 @@ class Expr:
             raise ExpressionError(self.source, f"unbound name(s): {', '.join(sorted(unbound))}")
         return _closure(self._tree.body, constants, positions)
 
-    def python(self, constants: Mapping[str, Any], sources: Mapping[str, str]) -> str | None:
+    def python(
+        self, constants: Mapping[str, Any], sources: Mapping[str, str], strings: frozenset[str] | None = None
+    ) -> str | None:
         """Python source that evaluates this expression inside a generated function:
         ``constants`` folded into int or bool literals, the runtime name ``n`` read as
         ``sources[n]`` (an atom the caller generates, such as ``a3`` or ``s0[1]``), ``cdiv`` as
         ``_cdiv``. Only literals, those sources and the grammar's own operators appear in it,
         never text from the expression. None when the expression needs the evaluator (use
-        :meth:`compile`).
+        :meth:`compile`). ``strings`` names the runtime names that may hold strings (the
+        planner's params): string and tuple literals then appear too, as operands of a
+        comparison only, so that no generated code computes with a string.
         """
         positions = sources
         unbound = self.names - constants.keys() - positions.keys()
         if unbound:
             raise ExpressionError(self.source, f"unbound name(s): {', '.join(sorted(unbound))}")
-        return _python(self._tree.body, constants, positions)
+        return _python(self._tree.body, constants, positions, strings)
 
     def substitute(self, bound: Mapping[str, Expr]) -> Expr:
         """This expression with each name in ``bound`` replaced by its expression; raises
