@@ -24,9 +24,9 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from . import _sass
 from ._driver import CompileJob, CompileOutcome
 from ._executor import Executor
+from ._sass import has_nvdisasm
 from ._toolchain import Fingerprint, environment_fingerprint, refuse_workers
 from .errors import CompilerError, ExecutorError
 
@@ -111,7 +111,7 @@ class DaskExecutor(Executor):
             ) from None
         try:
             reports = client.run(environment_fingerprint, expected.modules, on_error="return")
-            tools = client.run(_sass.find_nvdisasm, on_error="return")
+            tools = client.run(has_nvdisasm, on_error="return")
         except OSError as exc:
             raise ExecutorError(f"lost the {self.describe()} while checking its workers: {exc}") from None
         problems: list[str] = []
@@ -122,9 +122,7 @@ class DaskExecutor(Executor):
                 problems.append(f"worker {worker}: cannot report its toolchain: {got}")
         if problems:
             raise refuse_workers(problems)
-        self._without_nvdisasm = [
-            f"worker {w}" for w, path in sorted(tools.items()) if not isinstance(path, str)
-        ]
+        self._without_nvdisasm = [f"worker {w}" for w, found in sorted(tools.items()) if found is not True]
         self._checked = expected
 
     def without_nvdisasm(self) -> list[str]:

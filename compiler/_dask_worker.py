@@ -17,9 +17,9 @@ from typing import Any
 
 from distributed import WorkerPlugin, get_worker
 
-from . import _sass
 from ._child import CompileChild
 from ._driver import CompileJob, CompileOutcome
+from ._sass import has_nvdisasm, sass_refusal
 from ._toolchain import Fingerprint, environment_fingerprint, refuse_workers
 from .errors import CompilerError, ExecutorError
 
@@ -93,8 +93,8 @@ class CompilePlugin(WorkerPlugin):
         problems = self.expected.mismatches(got, self._address)
         if problems:
             return refuse_workers(problems)
-        if self.needs_sass and _sass.find_nvdisasm() is None:
-            return _sass.sass_refusal(self.needs_sass, [f"worker {self._address}"])
+        if self.needs_sass and not has_nvdisasm():
+            return sass_refusal(self.needs_sass, [f"worker {self._address}"])
         return None
 
     def _checkout(self, arch: str) -> CompileChild:

@@ -18,10 +18,10 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
 from typing import TYPE_CHECKING
 
-from . import _sass
 from ._child import CompileChild
 from ._driver import TRANSIENT, CompileJob, CompileOutcome
 from ._executor import Executor
+from ._sass import has_nvdisasm
 from .errors import ExecutorError
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class LocalExecutor(Executor):
 
     def without_nvdisasm(self) -> list[str]:
         """The children find nvdisasm as this process does."""
-        return [] if _sass.find_nvdisasm() is not None else ["this machine"]
+        return [] if has_nvdisasm() else ["this machine"]
 
     def close(self) -> None:
         """Nothing held between builds: each :meth:`run_jobs` starts and stops its children."""

@@ -21,7 +21,7 @@ from b12x_aot.registry import SassHistogram
 
 from .errors import ToolchainError
 
-__all__ = ["CLASSES", "find_nvdisasm", "sass_histograms", "sass_refusal"]
+__all__ = ["CLASSES", "find_nvdisasm", "has_nvdisasm", "sass_histograms", "sass_refusal"]
 
 # Modifiers are upper case, except the shape of a warpgroup MMA (HGMMA.64x128x16.F32.BF16).
 _LINE = re.compile(
@@ -86,6 +86,11 @@ def find_nvdisasm() -> str | None:
         for candidate in sorted(Path(root).glob("cu*/bin/nvdisasm")):
             return str(candidate)
     return None
+
+
+def has_nvdisasm() -> bool:
+    """Whether this process finds nvdisasm: what each executor reports of its processes."""
+    return find_nvdisasm() is not None
 
 
 def sass_refusal(specs: Sequence[str], where: Sequence[str]) -> ToolchainError:
