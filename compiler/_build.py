@@ -17,11 +17,37 @@ from b12x_aot.registry import FailureRecord, RegistryStore, RegistryWriter, Vari
 
 from ._driver import CompileJob, CompileOutcome
 from ._executor import Executor
-from ._plan import Plan
+from ._plan import Plan, State
 from ._sass import sass_refusal
 from ._variants import Variant
 
-__all__ = ["BuildSummary", "check_executor", "run_build"]
+__all__ = ["BuildSummary", "Tally", "check_executor", "run_build"]
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """Where a build's planned variants stand: the one count that its progress, its summary line
+    and its ``--json`` show. ``present + built + unchanged`` are the plan's current variants (what
+    ``b12x-registry ls`` lists of it) and ``rejected + failed`` its latest failures (what
+    ``b12x-registry failures`` lists), rejections by the planner included. ``compiled`` of
+    ``to_compile`` compile outcomes have landed."""
+
+    present: int
+    built: int
+    unchanged: int  # compiled, but an identical variant was already current
+    rejected: int
+    failed: int
+    compiled: int
+    to_compile: int
+
+    def text(self) -> str:
+        return (
+            f"{self.built} built, {self.unchanged} unchanged, {self.present} already present, "
+            f"{self.rejected} rejected, {self.failed} failed"
+        )
+
+    def to_json(self) -> dict[str, int]:
+        return asdict(self)
 
 
 @dataclass(slots=True)
@@ -33,13 +59,27 @@ class BuildSummary:
     failed: list[dict[str, Any]] = field(default_factory=list)
     rejected: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    compiled: int = 0  # compile outcomes landed
 
     @property
     def ok(self) -> bool:
         return not self.failed and not self.planned.get("failed", 0)
 
+    def tally(self) -> Tally:
+        return Tally(
+            present=self.planned["present"],
+            built=self.built,
+            unchanged=self.unchanged,
+            rejected=len(self.rejected),
+            failed=len(self.failed),
+            compiled=self.compiled,
+            to_compile=self.planned["new"] + self.planned["stale"],
+        )
+
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "seconds": round(self.seconds, 3), "ok": self.ok}
+        data = {**asdict(self), "seconds": round(self.seconds, 3), "ok": self.ok}
+        del data["compiled"]
+        return {**data, "counts": self.tally().to_json()}
 
     def record(self) -> dict[str, Any]:
         """What the registry keeps of the build: :meth:`to_json` without the id and the verdict,
@@ -61,6 +101,23 @@ def _reported(variant: Variant, stage: str, reason: str, previous_build: bool) -
         "reason": reason,
         "previous_build": previous_build,
     }
+
+
+def _settled(plan: Plan, writer: RegistryWriter, build_id: int, summary: BuildSummary) -> None:
+    """Count the variants the plan already failed or rejected, and record each planner rejection
+    the registry does not hold yet, so ``b12x-registry failures`` lists every rejection the
+    summary counts (and a rejected key stops being served, as after a compile's rejection)."""
+    for item in plan.items:
+        if item.state not in (State.FAILED, State.REJECTED):
+            continue
+        if item.state == State.REJECTED and not item.recorded:
+            v = item.variant
+            writer.record_failure(
+                build_id,
+                FailureRecord(v.id, plan.provenance_of(v), "rejected", item.stage, item.reason, item.reason),
+            )
+        bucket = summary.failed if item.state == State.FAILED else summary.rejected
+        bucket.append(_reported(item.variant, item.stage, item.reason, item.recorded))
 
 
 def check_executor(plan: Plan, executor: Executor) -> str | None:
@@ -89,7 +146,7 @@ def run_build(
     executor: Executor,
     timeout: float | None,
     command: str,
-    on_outcome: Callable[[str], None] = lambda status: None,
+    on_progress: Callable[[Tally], None] = lambda tally: None,
 ) -> BuildSummary:
     """Compile the plan's new and stale variants on ``executor`` and record every outcome.
 
@@ -104,11 +161,8 @@ def run_build(
     shard = f"{plan.shard[0]}/{plan.shard[1]}" if plan.shard else None
     build_id = writer.begin_build(plan.toolchain, command, shard)
     summary = BuildSummary(build_id, plan.counts())
-    # Planner rejections are a pure function of the spec: reported here, never stored.
-    for item in plan.items:
-        if item.state in ("failed", "rejected"):
-            bucket = summary.failed if item.state == "failed" else summary.rejected
-            bucket.append(_reported(item.variant, item.stage, item.reason, item.recorded))
+    _settled(plan, writer, build_id, summary)
+    on_progress(summary.tally())
 
     def record(outcome: CompileOutcome) -> None:
         v = todo[outcome.variant.key].variant
@@ -146,7 +200,8 @@ def run_build(
             )
             bucket = summary.rejected if kind == "rejected" else summary.failed
             bucket.append(_reported(v, outcome.stage, outcome.reason, False))
-        on_outcome(outcome.status)
+        summary.compiled += 1
+        on_progress(summary.tally())
 
     try:
         executor.run_jobs([CompileJob.of(i.variant) for i in todo.values()], record, timeout=timeout)

@@ -17,6 +17,7 @@ import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -35,18 +36,29 @@ from ._spec import Spec
 from ._toolchain import Fingerprint, ptxas_release
 from ._variants import Pruned, Variant, expand
 
-__all__ = ["STATES", "Plan", "PlanItem", "make_plan", "parse_shard"]
+__all__ = ["STATES", "Plan", "PlanItem", "State", "make_plan", "parse_shard"]
 
-STATES = ("present", "new", "stale", "failed", "rejected")
+
+class State(StrEnum):
+    """Where a planned variant stands before the build (the module docstring says each)."""
+
+    PRESENT = "present"
+    NEW = "new"
+    STALE = "stale"
+    FAILED = "failed"
+    REJECTED = "rejected"
+
+
+STATES = tuple(State)
 
 
 @dataclass(frozen=True, slots=True)
 class PlanItem:
     variant: Variant
-    state: str
+    state: State
     reason: str = ""
     stage: str = ""
-    recorded: bool = False  # a failure or post-compile rejection the registry holds for these inputs
+    recorded: bool = False  # the registry holds this failure or rejection for these inputs
 
     def to_json(self) -> dict[str, Any]:
         return {**self.variant.id.to_json(), "state": self.state, "stage": self.stage, "reason": self.reason}
@@ -64,12 +76,12 @@ class Plan:
         """Variants per state, and the combinations pruned."""
         found = Counter(item.state for item in self.items)
         return {
-            **{state: found.get(state, 0) for state in STATES},
+            **{state.value: found.get(state, 0) for state in STATES},
             "pruned": sum(p.count for p in self.pruned),
         }
 
     def to_compile(self) -> list[PlanItem]:
-        return [item for item in self.items if item.state in ("new", "stale")]
+        return [item for item in self.items if item.state in (State.NEW, State.STALE)]
 
     def needs_sass(self) -> list[str]:
         """The specs (paths, sorted) of the variants to compile whose limits need nvdisasm's SASS
@@ -125,7 +137,7 @@ def _display_path(path: Path) -> str:
 
 
 def _staleness(state: VariantState, prov: Provenance, policy: str) -> str:
-    changed = []
+    changed = [state.damage] if state.damage else []
     if state.source_hash != prov.source_hash:
         changed.append("kernel source changed")
     if state.spec_hash != prov.spec_hash:
@@ -163,7 +175,7 @@ def make_plan(
     failures: Mapping[str, FailureState] = {}
     if store is not None:
         with store.read() as conn:
-            states = current_states(conn)
+            states = current_states(conn, store.blobs)  # damaged ones rebuild as stale
             failures = latest_failures(conn)
     items: list[PlanItem] = []
     pruned: list[Pruned] = []
@@ -173,12 +185,25 @@ def make_plan(
         pruned.extend(expansion.pruned)
         for rejection in expansion.rejected:
             if in_shard(rejection.variant.key, shard):
-                items.append(PlanItem(rejection.variant, "rejected", rejection.reason, rejection.stage))
+                v = rejection.variant
+                held = _holds(failures.get(v.key), states.get(v.key), prov, rejection.reason)
+                items.append(PlanItem(v, State.REJECTED, rejection.reason, rejection.stage, held))
         for variant in expansion.accepted:
             if not in_shard(variant.key, shard):
                 continue
             items.append(_classify(variant, prov, states, failures, toolchain_policy, retry_failed))
     return Plan(tuple(items), toolchain, provenance, shard, tuple(pruned))
+
+
+def _holds(last: FailureState | None, state: VariantState | None, prov: Provenance, reason: str) -> bool:
+    """Whether the registry already records this planner rejection as the key's latest word."""
+    return (
+        last is not None
+        and last.kind == "rejected"
+        and last.reason == reason
+        and last.same_inputs(prov)
+        and (state is None or last.id_after(state))
+    )
 
 
 def _judged_without_sass(failure: FailureState) -> bool:
@@ -201,11 +226,11 @@ def _classify(
     reason = _staleness(state, prov, policy) if state is not None else None
     if newer_failure and last.same_inputs(prov):  # type: ignore[union-attr]
         if last.kind == "rejected" and not (retry_failed and _judged_without_sass(last)):  # type: ignore[union-attr]
-            return PlanItem(variant, "rejected", last.reason, last.stage, True)  # type: ignore[union-attr]
+            return PlanItem(variant, State.REJECTED, last.reason, last.stage, True)  # type: ignore[union-attr]
         # A failure recorded after another builder stored these very inputs (the two raced)
         # does not take back the artifact: the variant is present.
         if last.kind == "failed" and not retry_failed and (state is None or reason):  # type: ignore[union-attr]
-            return PlanItem(variant, "failed", last.reason, last.stage, True)  # type: ignore[union-attr]
+            return PlanItem(variant, State.FAILED, last.reason, last.stage, True)  # type: ignore[union-attr]
     if state is None:
-        return PlanItem(variant, "new")
-    return PlanItem(variant, "stale", reason) if reason else PlanItem(variant, "present")
+        return PlanItem(variant, State.NEW)
+    return PlanItem(variant, State.STALE, reason) if reason else PlanItem(variant, State.PRESENT)

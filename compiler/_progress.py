@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections import Counter
 from types import TracebackType
 
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -16,19 +14,24 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from b12x_aot.registry import Output
+
+from ._build import Tally
+
 __all__ = ["BuildProgress"]
 
 _PLAIN_EVERY_S = 10.0
 
 
 class BuildProgress:
-    """Counts outcomes (done, failed, rejected) and shows them with an ETA."""
+    """Shows the build's :class:`Tally` as it changes, with an ETA: the counts its summary line
+    ends with, so the two never disagree."""
 
-    def __init__(self, total: int, console: Console, *, plain: bool | None = None) -> None:
+    def __init__(self, total: int, out: Output, *, plain: bool | None = None) -> None:
         self.total = total
-        self.console = console
-        self.counts: Counter[str] = Counter()
-        self.plain = (not console.is_terminal) if plain is None else plain
+        self.out = out
+        self.tally: Tally | None = None
+        self.plain = (not out.terminal) if plain is None else plain
         self._start = time.monotonic()
         self._last_line = 0.0
         self._progress: Progress | None = None
@@ -40,19 +43,16 @@ class BuildProgress:
                 TextColumn("[bold]compiling"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn(
-                    "[green]{task.fields[ok]} ok[/] [red]{task.fields[failed]} failed[/] "
-                    "[yellow]{task.fields[rejected]} rejected[/]"
-                ),
+                TextColumn("{task.fields[counts]}"),
                 TimeElapsedColumn(),
                 TextColumn("eta"),
                 TimeRemainingColumn(),
-                console=self.console,
+                console=self.out.console,
             )
             self._progress.__enter__()
-            self._task = self._progress.add_task("compile", total=self.total, ok=0, failed=0, rejected=0)
+            self._task = self._progress.add_task("compile", total=self.total, counts="")
         elif self.total:
-            self.console.print(f"compiling {self.total} variant(s)")
+            self.out.line(f"compiling {self.total} variant(s)")
         return self
 
     def __exit__(
@@ -60,36 +60,23 @@ class BuildProgress:
     ) -> None:
         if self._progress is not None:
             self._progress.__exit__(exc_type, exc, tb)
-        elif self.total:
-            self._line(final=True)
+        elif self.total and self.tally is not None:
+            self._line(self.tally, final=True)
 
-    @property
-    def done(self) -> int:
-        return sum(self.counts.values())
-
-    def update(self, status: str) -> None:
-        """Count one finished variant: ok, failed, timeout, transient or rejected."""
-        self.counts["failed" if status in ("timeout", "transient") else status] += 1
+    def update(self, tally: Tally) -> None:
+        """Show ``tally``, the build's counts after its latest outcome."""
+        first = self.tally is None
+        self.tally = tally
         if self._progress is not None and self._task is not None:
-            self._progress.update(
-                self._task,
-                advance=1,
-                ok=self.counts["ok"],
-                failed=self.counts["failed"],
-                rejected=self.counts["rejected"],
-            )
-        elif time.monotonic() - self._last_line >= _PLAIN_EVERY_S:
-            self._line()
+            self._progress.update(self._task, completed=tally.compiled, counts=tally.text())
+        elif self.total and not first and time.monotonic() - self._last_line >= _PLAIN_EVERY_S:
+            self._line(tally)
 
-    def _line(self, final: bool = False) -> None:
+    def _line(self, tally: Tally, final: bool = False) -> None:
         self._last_line = now = time.monotonic()
         elapsed = now - self._start
-        done = self.done
+        done = tally.compiled
         eta = ""
         if done and not final and done < self.total:
             eta = f", eta {elapsed / done * (self.total - done):.0f}s"
-        self.console.print(
-            f"compiled {done}/{self.total} (ok {self.counts['ok']}, failed {self.counts['failed']}, "
-            f"rejected {self.counts['rejected']}) in {elapsed:.1f}s{eta}",
-            highlight=False,
-        )
+        self.out.line(f"compiled {done}/{self.total}: {tally.text()} in {elapsed:.1f}s{eta}")

@@ -18,18 +18,15 @@ from functools import wraps
 from typing import Any, NoReturn
 
 import click
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from b12x_aot.registry import RegistryError, RegistryStore, registry_url
+from b12x_aot.registry import Column, Output, RegistryError, RegistryStore, registry_url
 
 from ._arch import ARCHS
 from ._build import BuildSummary, check_executor, run_build
 from ._executor import EXECUTOR_FORMS, executor_from
-from ._plan import Plan, make_plan, parse_shard
+from ._plan import STATES, Plan, State, make_plan, parse_shard
 from ._probe import check_entries
 from ._progress import BuildProgress
 from ._spec import Spec, load_specs
@@ -49,58 +46,51 @@ def _warn(message: str) -> None:
     click.echo(click.style("warning:", fg="yellow") + " " + message, err=True)
 
 
-_DETAIL_ROWS = 40
+_DETAIL_ROWS = 40  # rows of a detail table on a terminal; piped output has every row
+_PLAN_STATES = (*STATES, "pruned")
 
 
-def _plan_table(plan: Plan) -> Table:
-    table = Table(title="build plan", show_lines=False)
-    states = ("present", "new", "stale", "failed", "rejected", "pruned")
-    for col in ("family", "abi", "arch", *states):
-        table.add_column(col, justify="right" if col not in ("family", "arch") else "left")
+def _print_plan_table(out: Output, plan: Plan) -> None:
     groups: dict[tuple[str, int, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for item in plan.items:
         v = item.variant
         groups[(v.id.family, v.id.abi, v.id.arch)][item.state] += 1
     for p in plan.pruned:
         groups[(p.family, p.abi, p.arch)]["pruned"] += p.count
-    for (family, abi, arch), counts in sorted(groups.items()):
-        table.add_row(family, str(abi), arch, *(str(counts[s]) for s in states))
-    return table
+    columns = (
+        Column("family"),
+        Column("abi", numeric=True),
+        Column("arch"),
+        *(Column(state, numeric=True) for state in _PLAN_STATES),
+    )
+    rows = [(f, abi, arch, *(c[s] for s in _PLAN_STATES)) for (f, abi, arch), c in sorted(groups.items())]
+    out.table("build plan", columns, rows)
 
 
-def _reasons_table(plan: Plan) -> Table | None:
+def _print_reasons(out: Output, plan: Plan) -> None:
     """Variants that will not be served as planned: stale, failed, then rejected ones. (The
     combinations the spec's constraints prune are counted in the plan table, by constraint in
     ``--json``.)"""
-    order = {"stale": 0, "failed": 1, "rejected": 2}
-    rows = sorted((i for i in plan.items if i.state in order), key=lambda i: order[i.state])
-    if not rows:
-        return None
-    shown = rows[:_DETAIL_ROWS]
-    title = f"not present: {len(rows)} (first {len(shown)} shown)"
-    table = Table(title=title)
-    for col in ("variant", "state", "stage", "reason"):
-        table.add_column(col, overflow="fold")
-    for item in shown:
-        table.add_row(Text(item.variant.label), item.state, item.stage, Text(item.reason))
-    return table
+    order = {State.STALE: 0, State.FAILED: 1, State.REJECTED: 2}
+    items = sorted((i for i in plan.items if i.state in order), key=lambda i: order[i.state])
+    if items:
+        columns = (
+            Column("variant", fold=True),
+            Column("state"),
+            Column("stage"),
+            Column("reason", fold=True),
+        )
+        rows = [(i.variant.label, i.state, i.stage, i.reason) for i in items]
+        out.table(f"not present: {len(items)}", columns, rows, limit=_DETAIL_ROWS)
 
 
-def _print_summary(console: Console, summary: BuildSummary) -> None:
-    planned = summary.planned
-    console.print(
-        f"build {summary.build_id}: {summary.built} built, {planned['present']} already present, "
-        f"{len(summary.rejected)} rejected, {len(summary.failed)} failed in {summary.seconds:.1f}s",
-        highlight=False,
-    )
+def _print_summary(out: Output, summary: BuildSummary) -> None:
+    out.line(f"build {summary.build_id}: {summary.tally().text()} in {summary.seconds:.1f}s")
     if summary.failed:
-        table = Table(title="failed variants")
-        for col in ("variant", "stage", "reason"):
-            table.add_column(col, overflow="fold")
-        for f in summary.failed[:_DETAIL_ROWS]:
-            table.add_row(Text(f["variant"]), f["stage"], Text(f["reason"]))
-        console.print(table)
-        console.print("full logs: `b12x-registry failures --registry ...`; retry with --retry-failed")
+        columns = (Column("variant", fold=True), Column("stage"), Column("reason", fold=True))
+        rows = [(f["variant"], f["stage"], f["reason"]) for f in summary.failed]
+        out.table("failed variants", columns, rows, limit=_DETAIL_ROWS)
+        out.note("full logs: `b12x-registry failures --registry ...`; retry with --retry-failed")
 
 
 EXIT_STORE = 3  # the registry or the filesystem failed: neither the variants' fault nor bad input
@@ -261,7 +251,7 @@ def main(
          database connection); what was recorded stays, rerun the same command to resume
       130, 143  stopped by Ctrl-C or SIGTERM; rerun the same command to resume
     """
-    console = Console(stderr=as_json)
+    out = Output(stderr=as_json)
     store: RegistryStore | None = None
     try:
         executor = executor_from(executor_text, jobs=jobs)
@@ -288,7 +278,7 @@ def main(
         compiling = {id(i.variant.spec): i.variant.spec for i in plan.to_compile()}
         check_entries(list(compiling.values()))
         if dry_run:
-            _print_plan(console, plan, as_json)
+            _print_plan(out, plan, as_json)
             return
         assert store is not None
         if jobs is not None and executor_text != "local":
@@ -298,14 +288,14 @@ def main(
             # Before the progress bar: a refusal is the only output.
             if (warning := check_executor(plan, executor)) is not None:
                 _warn(warning)
-            with BuildProgress(todo, console) as progress:
+            with BuildProgress(todo, out) as progress:
                 summary = run_build(
                     plan,
                     store,
                     executor=executor,
                     timeout=timeout,
                     command=shlex.join(["b12x-compile", *sys.argv[1:]]),
-                    on_outcome=progress.update,
+                    on_progress=progress.update,
                 )
     except CompilerError as exc:
         _fail(exc.format_message(), exc.exit_code, as_json)
@@ -322,26 +312,27 @@ def main(
     if as_json:
         click.echo(json.dumps(summary.to_json(), indent=1))
     else:
-        _print_summary(console, summary)
+        _print_summary(out, summary)
     sys.exit(0 if summary.ok else 1)
 
 
-def _print_plan(console: Console, plan: Plan, as_json: bool) -> None:
+def _print_plan(out: Output, plan: Plan, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(plan.to_json(), indent=1))
         return
-    console.print(_plan_table(plan))
-    if (reasons := _reasons_table(plan)) is not None:
-        console.print(reasons)
+    _print_plan_table(out, plan)
+    _print_reasons(out, plan)
     if plan.pruned and not plan.items and plan.shard is None:  # say which constraints took it all
-        pruned = Table(title="every combination was pruned by a spec constraint")
-        for col in ("family", "arch", "combinations", "constraint"):
-            pruned.add_column(col, overflow="fold")
-        for p in plan.pruned[:_DETAIL_ROWS]:
-            pruned.add_row(p.family, p.arch, str(p.count), Text(p.reason))
-        console.print(pruned)
+        columns = (
+            Column("family"),
+            Column("arch"),
+            Column("combinations", numeric=True),
+            Column("constraint", fold=True),
+        )
+        rows = [(p.family, p.arch, p.count, p.reason) for p in plan.pruned]
+        out.table("every combination was pruned by a spec constraint", columns, rows, limit=_DETAIL_ROWS)
     counts = plan.counts()
-    console.print(f"{len(plan.to_compile())} to compile; " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    out.note(f"{len(plan.to_compile())} to compile; " + ", ".join(f"{v} {k}" for k, v in counts.items()))
 
 
 def _check_archs(archs: tuple[str, ...], loaded: Sequence[Spec]) -> None:

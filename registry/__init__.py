@@ -6,7 +6,9 @@ never import this package (they read SQLite with ``b12x_aot.loader``).
 """
 
 from ._audit import FAIL_METRICS, Change, DiffReport, Fault, StaleVariant, compare, diff
+from ._output import Column, Output
 from ._queries import (
+    BuildRow,
     FailureRow,
     FailureState,
     VariantRow,
@@ -65,6 +67,7 @@ __all__ = [
     "KernelResources",
     "ManifestUnsatisfied",
     "NoSuchVariant",
+    "Output",
     "Provenance",
     "RegistryError",
     "RegistryNotFound",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, func, null, select
@@ -17,9 +18,10 @@ from b12x_aot.loader import VariantId
 from ._records import Provenance, SourceClosure
 from ._schema import Artifact, Build, CurrentVariant, Failure, KernelRow, Source, SpecRow, Variant
 from ._schema import Toolchain as ToolchainRow
-from .errors import NoSuchVariant
+from .errors import NoSuchVariant, RegistryError
 
 __all__ = [
+    "BuildRow",
     "FailureRow",
     "FailureState",
     "VariantRow",
@@ -377,7 +379,53 @@ def source_closures(conn: Connection) -> dict[str, tuple[str, SourceClosure]]:
     return {h: (m, SourceClosure(tuple(tuple(f) for f in json.loads(files)))) for h, m, files in rows}
 
 
-def builds(conn: Connection) -> list[dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class BuildRow:
+    """One build, with the summary it recorded when it finished (None while running)."""
+
+    id: int
+    started_at: datetime
+    finished_at: datetime | None
+    status: str
+    host: str
+    user: str
+    shard: str | None
+    command: str
+    summary: dict[str, Any] | None
+
+    def counts_text(self) -> str:
+        """The build's counts as its own summary line gave them; empty until it finishes."""
+        s = self.summary
+        if not s:
+            return ""
+        rejected, failed = s.get("rejected", 0), s.get("failed", [])
+        return (
+            f"{s.get('built', 0)} built, {s.get('unchanged', 0)} unchanged, "
+            f"{s.get('planned', {}).get('present', 0)} already present, "
+            f"{rejected if isinstance(rejected, int) else len(rejected)} rejected, "
+            f"{failed if isinstance(failed, int) else len(failed)} failed"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as nested JSON: the summary an object, never a JSON string inside a string."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        for when in ("started_at", "finished_at"):
+            data[when] = data[when].isoformat() if data[when] is not None else None
+        return data
+
+
+def builds(conn: Connection) -> list[BuildRow]:
+    """Every build, oldest first."""
     cols = ("id", "started_at", "finished_at", "status", "host", "user", "shard", "command", "summary_json")
-    rows = conn.execute(select(*(getattr(Build, c) for c in cols)).order_by(Build.id)).mappings()
-    return [dict(r) for r in rows]
+    rows = conn.execute(select(*(getattr(Build, c) for c in cols)).order_by(Build.id))
+    out = []
+    for *head, summary_json in rows:
+        try:
+            summary = json.loads(summary_json) if summary_json else None
+        except ValueError:
+            raise RegistryError(
+                f"build {head[0]}'s recorded summary is not JSON (got {summary_json[:40]!r}); the "
+                "registry is damaged: run b12x-registry verify"
+            ) from None
+        out.append(BuildRow(*head, summary))
+    return out

@@ -16,12 +16,12 @@ from typing import Any
 
 import click
 import yaml
-from rich.console import Console
 
 from b12x_aot.loader import Manifest, ManifestError
 
 from ._audit import FAIL_METRICS, DiffReport, compare, diff
 from ._maintain import export, gc, migrate
+from ._output import Output
 from ._queries import VariantRow, builds, failure_rows, find_variant, provenance_of, variant_rows
 from ._store import RegistryStore
 from ._tables import (
@@ -199,7 +199,7 @@ def _side(spec: str, registry: str | None) -> tuple[str, list[VariantRow], bool]
         raise click.UsageError(f"{spec!r} is not a registry; as {what} it needs --registry to say where")
     store = _open(registry)
     with store.read() as conn:
-        known = sorted(b["id"] for b in builds(conn))
+        known = sorted(b.id for b in builds(conn))
         if spec.startswith("build:"):
             if not build_text.isdigit() or int(build_text) not in known:
                 raise click.UsageError(f"{spec} is not a build of {store.display} (builds: {known})")
@@ -358,11 +358,10 @@ def gc_(registry: str, keep: Sequence[str], prune_history: bool, dry_run: bool, 
     if report.blob_files_kept:
         click.echo(f"note: {report.blob_files_kept}", err=True)
     verb = "would delete" if dry_run else "deleted"
-    Console().print(
+    Output().line(
         f"{verb}: {len(report.uncurrent)} variant(s) outside the keep manifests, {report.variants} variant row(s), "
         f"{report.artifacts} artifact(s) ({report.artifact_bytes} B), {report.blob_files} orphan blob file(s), "
-        f"{report.provenance} provenance row(s)",
-        highlight=False,
+        f"{report.provenance} provenance row(s)"
     )
 
 
@@ -388,7 +387,7 @@ def export_(registry: str, manifest_path: str, out: str, as_json: bool) -> None:
     if as_json:
         _emit_json({"out": out, "variants": [r.key for r in chosen]})
     else:
-        Console().print(f"exported {len(chosen)} variant(s) to {out}")
+        Output().line(f"exported {len(chosen)} variant(s) to {out}")
 
 
 @main.command("migrate")
@@ -408,9 +407,9 @@ def migrate_(registry: str, dry_run: bool, as_json: bool) -> None:
         )
         return
     if not changes:
-        Console().print(f"already at schema {after}")
+        Output().line(f"already at schema {after}")
     else:
-        Console().print(f"schema {before} -> {after}" + (" (dry run: nothing written)" if dry_run else ""))
+        Output().line(f"schema {before} -> {after}" + (" (dry run: nothing written)" if dry_run else ""))
 
 
 @main.command("builds")
@@ -418,12 +417,12 @@ def migrate_(registry: str, dry_run: bool, as_json: bool) -> None:
 @_json_option
 @_fails
 def builds_(registry: str, as_json: bool) -> None:
-    """List builds: when, who, status, command."""
+    """List builds: when, who, status, counts, command (--json: each build's summary as an object)."""
     store = _open(registry)
     with store.read() as conn:
         rows = builds(conn)
     if as_json:
-        _emit_json(rows)
+        _emit_json([b.to_json() for b in rows])
         return
     print_builds(rows)
 
@@ -436,7 +435,8 @@ def builds_(registry: str, as_json: bool) -> None:
 @_json_option
 @_fails
 def failures_(registry: str, log_key: str | None, as_json: bool) -> None:
-    """Variants whose latest build attempt failed or was rejected, with the reason."""
+    """Variants whose latest build failed or rejected them (at planning or after compiling), with
+    the reason: the failed and rejected variants a build's summary counts."""
     store = _open(registry)
     with store.read() as conn:
         rows = failure_rows(conn, key_prefix=log_key or None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import ROOT, TOPK_SMALL, run_compile, write_spec
+from ..conftest import ONE_ARCH, ROOT, TOPK_SMALL, registry_cli, run_compile, write_spec
 
 pytestmark = pytest.mark.dsl
 
@@ -215,3 +216,55 @@ def test_bad_shard_is_a_usage_error(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "0 <= i < N" in proc.stderr
+
+
+def test_progress_summary_failures_and_ls_count_alike(tmp_path: Path) -> None:
+    # topk=8 asks for more shared memory than sm_90a has (rejected at planning); hidden=2052
+    # passes the spec's weak constraint but not the kernel's check (fails to compile).
+    text = (
+        ONE_ARCH.replace("output: [fp32, bf16]", "output: [fp32]")
+        .replace("topk: [2]", "topk: [2, 8]")
+        .replace("hidden: [2048]", "hidden: [2048, 2052]")
+        .replace('constraints: ["hidden % (cta_threads * 8) == 0"]', 'constraints: ["hidden % 4 == 0"]')
+        .replace("smem: 0", 'smem: "0 if topk == 2 else 300000"')
+    )
+    spec = write_spec(tmp_path, "mixed.yaml", text)
+    db = tmp_path / "r.db"
+    proc = run_compile(str(spec), "--registry", str(db), "-j", "2", check=False)  # piped, as in CI
+    assert proc.returncode == 1, proc.stderr
+    counts = "2 built, 0 unchanged, 0 already present, 4 rejected, 2 failed"
+    lines = proc.stdout.splitlines()
+    progress = next(line for line in lines if line.startswith("compiled 4/4"))
+    summary = next(line for line in lines if line.startswith("build 1:"))
+    assert re.fullmatch(rf"compiled 4/4: {counts} in [0-9.]+s", progress), lines
+    assert re.fullmatch(rf"build 1: {counts} in [0-9.]+s", summary), lines
+    assert sum("hidden=2052" in line for line in lines) == 2  # the failed variants, a line each
+    failures = json.loads(registry_cli("failures", "-r", str(db), "--json").stdout)
+    kinds = sorted((f["kind"], f["stage"]) for f in failures)
+    assert kinds == [("failed", "compile")] * 2 + [("rejected", "smem")] * 4
+    listed = registry_cli("ls", "-r", str(db), "topk=2").stdout.splitlines()
+    assert sorted(line.split("\t")[0] for line in listed) == sorted(current(db))  # 2 whole keys
+    assert len(listed) == 2
+    builds = json.loads(registry_cli("builds", "-r", str(db), "--json").stdout)
+    assert builds[0]["summary"]["counts"] == {
+        "present": 0,
+        "built": 2,
+        "unchanged": 0,
+        "rejected": 4,
+        "failed": 2,
+        "compiled": 4,
+        "to_compile": 4,
+    }
+    # The next build finds the same verdicts, and records no rejection twice.
+    again = json.loads(run_compile(str(spec), "--registry", str(db), "--json", check=False).stdout)
+    assert again["counts"] | {"compiled": 0} == {
+        "present": 2,
+        "built": 0,
+        "unchanged": 0,
+        "rejected": 4,
+        "failed": 2,
+        "compiled": 0,
+        "to_compile": 0,
+    }
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM failures").fetchone()[0] == 6

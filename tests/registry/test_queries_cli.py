@@ -7,7 +7,9 @@ import sqlite3
 
 import pytest
 
-from .conftest import FakeRegistry, failure, record, variant
+from b12x_aot.loader import VariantId
+
+from .conftest import TOOLCHAIN, FakeRegistry, failure, record, variant
 
 
 def test_failures_lists_only_keys_whose_latest_attempt_failed(fake_registry: FakeRegistry, run_cli) -> None:
@@ -82,3 +84,68 @@ def test_ls_rejects_names_the_registry_does_not_have(three_variants, run_cli, ar
     result = run_cli("ls", "-r", three_variants.path, *args)
     assert result.exit_code == 2 and names in result.output, result.output
     assert run_cli("ls", "-r", three_variants.path, "hidden=2048", "--family", "moe.fake").exit_code == 0
+
+
+def test_piped_ls_is_one_greppable_line_per_row_with_its_full_key(
+    fake_registry: FakeRegistry, run_cli
+) -> None:
+    family = "moe.a_rather_long_family_name_that_would_wrap"
+    wanted = [
+        VariantId.of(family=family, abi=1, arch="sm_90a", params={"topk": topk, "hidden": h, "n": 7168})
+        for topk in (2, 8)
+        for h in range(1024, 1024 + 54 * 64, 64)
+    ]
+    fake_registry.build([record(v) for v in wanted])
+    result = run_cli("ls", "-r", fake_registry.path, "topk=8")
+    lines = result.stdout.splitlines()
+    eights = sorted(v.key for v in wanted if v.params["topk"] == 8)
+    assert len(lines) == len(eights) == sum("topk=8" in line for line in lines) == 54  # grep -c
+    assert sorted(line.split("\t")[0] for line in lines) == eights  # whole keys, one per line
+    assert all(line.split("\t")[1:4] == [family, "1", "sm_90a"] for line in lines)
+    assert "54 variant(s) in" in result.stderr  # the title is no row
+
+
+def _json_strings(value: object, path: str = "$") -> list[str]:
+    """Where ``value`` holds a string that is itself a JSON object or array."""
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _json_strings(v, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _json_strings(v, f"{path}[{i}]")]
+    if isinstance(value, str) and value[:1] in "{[":
+        try:
+            json.loads(value)
+        except ValueError:
+            return []
+        return [path]
+    return []
+
+
+def test_every_json_output_is_plain_nested_json(fake_registry: FakeRegistry, run_cli, tmp_path) -> None:
+    kept, broken = variant(2048), variant(4096)
+    fake_registry.build([record(kept)], failures=[failure(broken)])
+    build = fake_registry.writer.begin_build(TOOLCHAIN, "b12x-compile fake", None)
+    summary = {"built": 0, "failed": [], "rejected": 0, "planned": {"present": 1}, "counts": {"built": 0}}
+    fake_registry.writer.finish_build(build, "ok", summary)
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text("variants:\n  - {family: moe.fake, abi: 1}\n")
+    db = fake_registry.path
+    commands = [
+        ("ls", "-r", db),
+        ("show", "-r", db, kept.key[:12]),
+        ("diff", db, db),
+        ("diff", "1", "2", "-r", db),
+        ("verify", "-r", db),
+        ("stale", "-r", db),
+        ("gc", "-r", db, "--dry-run"),
+        ("export", "-r", db, "--manifest", manifest, tmp_path / "out.db"),
+        ("migrate", "-r", db, "--dry-run"),
+        ("builds", "-r", db),
+        ("failures", "-r", db),
+        ("failures", "-r", db, "--log", broken.key[:12]),
+    ]
+    for args in commands:
+        result = run_cli(*args, "--json")
+        data = json.loads(result.stdout)
+        assert _json_strings(data) == [], (args, result.stdout)
+    builds = json.loads(run_cli("builds", "-r", db, "--json").stdout)
+    assert builds[1]["summary"] == summary and builds[1]["started_at"][:2] == "20"
