@@ -1,8 +1,10 @@
 """The audits that need the build side: ``verify`` re-reads every cubin, ``stale`` re-hashes
 source closures. They read the registry through its queries and report with its records.
 
-- ``verify``: every blob re-hashed; every variant's cubin parsed to check that its ELF arch is
-  the recorded arch, its kernel symbol exists and its ``.text`` hash is the recorded one.
+- ``verify``: SQLite's ``PRAGMA quick_check`` over every page; every current key's variants,
+  kernels and artifact rows present; every blob re-hashed; every variant's cubin parsed to
+  check that its ELF arch is the recorded arch, its kernel symbol exists and its ``.text``
+  hash is the recorded one.
 - ``stale``: variants whose source closure, spec contract or toolchain differs from the
   current checkout and environment, each with its reason.
 """
@@ -14,12 +16,14 @@ from collections.abc import Sequence
 from b12x_aot.registry import (
     BlobError,
     Fault,
+    RegistryDamaged,
     RegistryStore,
     SourceClosure,
     StaleVariant,
     Toolchain,
     VariantRow,
     artifact_shas,
+    lost_rows,
     source_closures,
 )
 
@@ -33,18 +37,28 @@ __all__ = ["stale", "verify"]
 
 
 def verify(store: RegistryStore, rows: Sequence[VariantRow]) -> tuple[int, list[Fault]]:
-    """Re-hash every blob and check every variant's cubin. Returns (blobs checked, faults)."""
+    """SQLite's quick_check, every current key's rows, every blob re-hashed and every variant's
+    cubin checked. Returns (blobs checked, faults); a page too damaged to read is a fault."""
     faults: list[Fault] = []
     good: dict[str, bytes] = {}
-    with store.read() as conn:
-        shas = artifact_shas(conn)
-        for sha in shas:
-            try:
-                good[sha] = store.blobs.read(conn, sha)
-            except BlobError as exc:
-                users = [r for r in rows if r.artifact_sha256 == sha]
-                what = ", ".join(r.label for r in users) if users else f"artifact {sha[:16]}"
-                faults.append(Fault(what, users[0].key if users else None, exc.problem))
+    shas: list[str] = []
+    try:
+        faults.extend(
+            Fault(store.display, None, "quick_check: " + " ".join(line.split()))
+            for line in store.integrity_faults()
+        )
+        with store.read() as conn:
+            faults.extend(Fault(key[:16], key, problem) for key, problem in sorted(lost_rows(conn).items()))
+            shas = artifact_shas(conn)
+            for sha in shas:
+                try:
+                    good[sha] = store.blobs.read(conn, sha)
+                except BlobError as exc:
+                    users = [r for r in rows if r.artifact_sha256 == sha]
+                    what = ", ".join(r.label for r in users) if users else f"artifact {sha[:16]}"
+                    faults.append(Fault(what, users[0].key if users else None, exc.problem))
+    except RegistryDamaged as exc:
+        return len(shas), [*faults, Fault(store.display, None, exc.format_message())]
     for row in rows:
         data = good.get(row.artifact_sha256)
         if data is None:

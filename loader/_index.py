@@ -21,11 +21,11 @@ from ._keys import VariantId, variant_label
 from ._params import InputWord, KernelParam, default_params, input_words, params_from_json, symbol_bindings
 from .errors import IntegrityError, LaunchArgumentError, RegistryFormatError
 
-__all__ = ["READABLE_SCHEMA", "IndexEntry", "RegistryIndex", "blob_path"]
+__all__ = ["READABLE_SCHEMA", "IndexEntry", "RegistryIndex", "blob_path", "schema_version_of"]
 
 # The registry schema versions this loader reads. The registry package's SCHEMA_VERSION must
 # be among them; a test keeps the two in step.
-READABLE_SCHEMA = (1, 2)
+READABLE_SCHEMA = (1, 2, 3)
 
 _QUERY = """
 SELECT c.key, v.family, v.abi, v.arch, v.params_json, v.artifact_sha256,
@@ -181,8 +181,42 @@ class IndexEntry:
         return f"<IndexEntry {self.family} {self.arch} {self.key[:12]}>"
 
 
-def _unreadable(path: Path, exc: sqlite3.DatabaseError) -> str:
+def schema_version_of(value: str | None, registry: str) -> int:
+    """The integer in a registry's ``schema_version`` meta row. Raises
+    :class:`RegistryFormatError` for a missing or garbled one (no b12x-aot wrote it whole)."""
+    fix = (
+        "Give a registry that b12x-compile built or b12x-registry export wrote, or rebuild this "
+        "one with `b12x-compile specs/ --registry NEW`."
+    )
+    if value is None:
+        raise RegistryFormatError(
+            f"{registry} is not a b12x-aot registry: its meta table has no schema_version. {fix}"
+        )
+    try:
+        return int(value)
+    except ValueError:
+        raise RegistryFormatError(
+            f"{registry} is not a b12x-aot registry: its schema_version {value!r} is not an integer. {fix}"
+        ) from None
+
+
+# What the loader reads. Every table is checked with quick_check when the registry opens but
+# an artifacts table that holds the cubins' bytes (reading it all would cost what loading every
+# variant does): there each blob is hashed when it is read.
+_TABLES = ("meta", "current_variants", "variants", "kernels", "specs")
+
+
+def _damaged(path: Path, what: str) -> RegistryFormatError:
+    return RegistryFormatError(
+        f"registry {path} is damaged ({what}). See what is lost with `b12x-registry verify -r {path}`, "
+        "then restore the file from a copy, rebuild it with b12x-compile or export it again."
+    )
+
+
+def _unreadable(path: Path, exc: sqlite3.DatabaseError) -> RegistryFormatError:
     """Why SQLite refused ``path``, and what to do about it."""
+    if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_CORRUPT:
+        return _damaged(path, str(exc))
     with path.open("rb") as f:
         header = f.read(20)
     # Bytes 18-19 are 2 in a write-ahead-log database: reading one needs a -shm file beside it,
@@ -192,16 +226,30 @@ def _unreadable(path: Path, exc: sqlite3.DatabaseError) -> str:
         and header[:16] == b"SQLite format 3\0"
         and header[18:20] == b"\2\2"
     ):
-        return (
+        return RegistryFormatError(
             f"cannot read {path} ({exc}): it is a write-ahead-log database, and SQLite reads one "
             f"only where it may create {path.name}-shm beside it. Serve a file from "
             "`b12x-registry export` (written without a log), give this process write access to "
             f"{path.parent}, or open it with Registry.open(path, immutable=True) if nothing writes it."
         )
-    return (
+    return RegistryFormatError(
         f"{path} is not a b12x-aot registry ({exc}). Point the loader at a file written by "
         "b12x-compile or b12x-registry export."
     )
+
+
+def _check_path(path: Path) -> None:
+    if path.is_dir():
+        raise RegistryFormatError(
+            f"registry {path} is a directory, not a registry file; give the path of the registry "
+            "file (the --registry that b12x-compile wrote, or an export)."
+        )
+    if not path.is_file():
+        raise RegistryFormatError(
+            f"registry {path} does not exist. Build one with "
+            f"`b12x-compile specs/ --registry {path}` or export one with "
+            "`b12x-registry export`."
+        )
 
 
 class RegistryIndex:
@@ -209,34 +257,64 @@ class RegistryIndex:
 
     def __init__(self, path: str | Path, *, immutable: bool = False) -> None:
         self.path = Path(path)
-        if not self.path.is_file():
-            raise RegistryFormatError(
-                f"registry {self.path} does not exist. Build one with "
-                f"`b12x-compile specs/ --registry {self.path}` or export one with "
-                "`b12x-registry export`."
-            )
+        _check_path(self.path)
         mode = "ro&immutable=1" if immutable else "ro"
         uri = f"{self.path.resolve().as_uri()}?mode={mode}"
         try:
             self._db = sqlite3.connect(uri, uri=True, check_same_thread=False)
             meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
         except sqlite3.DatabaseError as exc:
-            raise RegistryFormatError(_unreadable(self.path, exc)) from None
-        version = int(meta.get("schema_version", "0"))
-        if version not in READABLE_SCHEMA:
-            newer = version > max(READABLE_SCHEMA)
-            raise RegistryFormatError(
-                f"{self.path} has registry schema {version}; this loader reads "
-                f"{', '.join(map(str, READABLE_SCHEMA))}. "
-                + (
-                    "Upgrade b12x-aot in the serving image."
-                    if newer
-                    else f"Run `b12x-registry migrate --registry {self.path}`."
+            raise _unreadable(self.path, exc) from None
+        try:
+            version = schema_version_of(meta.get("schema_version"), str(self.path))
+            if version not in READABLE_SCHEMA:
+                newer = version > max(READABLE_SCHEMA)
+                raise RegistryFormatError(
+                    f"{self.path} has registry schema {version}; this loader reads "
+                    f"{', '.join(map(str, READABLE_SCHEMA))}. "
+                    + (
+                        "Upgrade b12x-aot in the serving image."
+                        if newer
+                        else f"Run `b12x-registry migrate --registry {self.path}`."
+                    )
                 )
-            )
+            self.entries = self._read_entries(inline_blobs=not meta.get("blob_dir"))
+        except BaseException:
+            self._db.close()
+            raise
         blob_dir = meta.get("blob_dir")
         self._blob_dir = (self.path.parent / blob_dir) if blob_dir else None
-        self.entries: dict[str, IndexEntry] = {row[0]: IndexEntry(row) for row in self._db.execute(_QUERY)}
+
+    def _read_entries(self, inline_blobs: bool) -> dict[str, IndexEntry]:
+        """Every current variant, once the tables are whole (``inline_blobs``: but artifacts)."""
+        try:
+            present = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            missing = [t for t in _TABLES if t not in present]
+            if missing:
+                raise RegistryFormatError(
+                    f"{self.path} is not a whole b12x-aot registry: it lacks the tables "
+                    f"{', '.join(missing)}. Point the loader at a file written by b12x-compile or "
+                    "b12x-registry export."
+                )
+            checked = present - ({"artifacts"} if inline_blobs else set())
+            for table in sorted(checked):
+                found = [str(r[0]) for r in self._db.execute(f'PRAGMA quick_check("{table}")')]
+                if found != ["ok"]:
+                    raise _damaged(self.path, f"{table}: {' '.join(' '.join(found[:3]).split())}")
+            entries = {row[0]: IndexEntry(row) for row in self._db.execute(_QUERY)}
+            (current,) = self._db.execute("SELECT count(*) FROM current_variants").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise _unreadable(self.path, exc) from None
+        if current != len(entries):
+            # A current variant whose variants or kernels row is gone: serving on would turn it
+            # into a miss that tells the user to build what the registry says it has.
+            lost = [k for (k,) in self._db.execute("SELECT key FROM current_variants") if k not in entries]
+            raise _damaged(
+                self.path,
+                f"{len(lost)} current variant(s) lost their variants or kernels row: "
+                + ", ".join(k[:16] for k in lost[:5]),
+            )
+        return entries
 
     def read_artifact(self, entry: IndexEntry) -> bytes:
         """The artifact's bytes, verified against its sha256 before anyone sees them."""
@@ -252,9 +330,12 @@ class RegistryIndex:
         for i in range(0, len(shas), 500):
             chunk = shas[i : i + 500]
             marks = ",".join("?" * len(chunk))
-            rows.update(
-                self._db.execute(f"SELECT sha256, data FROM artifacts WHERE sha256 IN ({marks})", chunk)
-            )
+            try:
+                rows.update(
+                    self._db.execute(f"SELECT sha256, data FROM artifacts WHERE sha256 IN ({marks})", chunk)
+                )
+            except sqlite3.DatabaseError as exc:
+                raise _unreadable(self.path, exc) from None
         out: dict[str, bytes] = {}
         for sha, entry in wanted.items():
             if sha not in rows:

@@ -6,8 +6,9 @@
 - ``gc``: delete artifacts, blob files and provenance rows that nothing references; with keep
   manifests (or ``prune_history``), first drop the variants outside them. Keep manifests are
   checked as export checks its manifest: an entry that matches nothing (a typo) stops gc
-  before it deletes anything. Orphan blob files are pruned only in a blob directory whose
-  owner marker names this registry, since gc cannot see another registry's references.
+  before it deletes anything. A blob file is an orphan only when no registry registered in
+  the blob directory (copies of this one included) references it; while any of them cannot
+  be read, none is pruned.
 - ``migrate``: bring an older registry to this code's schema with the steps in ``_migrations``.
 """
 
@@ -25,8 +26,9 @@ from sqlalchemy import Connection, delete, select, update
 
 from b12x_aot.loader import Manifest, Requirement
 
+from ._blobs import OWNER_FILE, REGISTRIES_DIR, registration_file, registrations
 from ._migrations import MIGRATIONS, migratable, parse_schema_version
-from ._queries import VariantRow
+from ._queries import VariantRow, artifact_shas
 from ._schema import (
     SCHEMA_VERSION,
     Artifact,
@@ -40,8 +42,8 @@ from ._schema import (
     Toolchain,
     Variant,
 )
-from ._store import OWNER_FILE, RegistryStore, blob_owner
-from .errors import ManifestUnsatisfied, RegistryUsageError, SchemaMismatch
+from ._store import RegistryStore, file_missing
+from .errors import ManifestUnsatisfied, RegistryError, RegistryUsageError, SchemaMismatch
 
 __all__ = ["GcReport", "export", "gc", "migrate", "require_satisfied", "unsatisfied"]
 
@@ -250,22 +252,18 @@ def _prune_provenance(conn: Connection, doomed: Sequence[int], dry_run: bool) ->
 
 
 def _prune_blob_files(store: RegistryStore, known: set[str], dry_run: bool) -> tuple[int, str | None]:
-    """Delete (count) blob files no artifact row names: the orphan count, and why none were
-    looked for when the directory's owner marker does not name this registry."""
+    """Delete (count) blob files that no registry using the directory references: the orphan
+    count, and why none were looked for when some registry's references cannot be read."""
     root = store.blobs.directory
     if root is None or not root.is_dir():
         return 0, None
-    owner = blob_owner(root)
-    if owner is None or owner != store.registry_id:
-        whose = "has no" if owner is None else "has another registry's"
-        return 0, (
-            f"orphan blob files were not pruned: {root} {whose} {OWNER_FILE} owner marker, so other "
-            "registries may keep blobs there; give each registry its own --blob-dir"
-        )
+    elsewhere, why = _references_elsewhere(store, root)
+    if why is not None:
+        return 0, f"orphan blob files were not pruned: {why}"
     now = time.time()
     count = 0
     for path in store.blobs.blob_files():
-        if path.name in known:
+        if path.name in known or path.name in elsewhere:
             continue
         if now - path.stat().st_mtime < _BLOB_GRACE_S:
             continue  # may be a builder's blob whose row is about to commit
@@ -273,6 +271,39 @@ def _prune_blob_files(store: RegistryStore, known: set[str], dry_run: bool) -> t
         if not dry_run:
             path.unlink(missing_ok=True)
     return count, None
+
+
+def _references_elsewhere(store: RegistryStore, root: Path) -> tuple[set[str], str | None]:
+    """The artifacts every other registry registered in ``root`` holds, or why they are unknown."""
+    registered = registrations(root)
+    if store.registry_id not in registered:
+        return set(), (
+            f"{root} does not list {store.display} in {REGISTRIES_DIR}, so other registries may keep "
+            "blobs there; give each registry its own --blob-dir"
+        )
+    shas: set[str] = set()
+    for rid, location in sorted(registered.items()):
+        if location == store.display:
+            continue
+        entry = registration_file(root, rid)
+        entry = entry if entry.exists() else root / OWNER_FILE
+        if not location or file_missing(location):
+            return set(), (
+                f"registry {location or '?'}, registered in {entry}, is not there. If it was deleted, "
+                f"delete {entry}; if it moved, run `b12x-registry migrate -r NEW_PATH` once, which "
+                "registers it where it is now"
+            )
+        try:
+            other = RegistryStore.open(location, read_only=True, check_schema=False)
+        except RegistryError as exc:
+            return set(), f"registry {location}, registered in {entry}, cannot be read ({exc})"
+        try:
+            if other.blobs.directory == root:
+                with other.read() as conn:
+                    shas.update(artifact_shas(conn))
+        finally:
+            other.close()
+    return shas, None
 
 
 def migrate(store: RegistryStore, *, dry_run: bool = False) -> tuple[int, int]:

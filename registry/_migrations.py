@@ -10,6 +10,9 @@ from collections.abc import Callable
 
 from sqlalchemy import Connection
 
+from b12x_aot.loader import RegistryFormatError
+from b12x_aot.loader._index import schema_version_of
+
 from ._schema import SCHEMA_VERSION
 from .errors import RegistryNotFound
 
@@ -22,8 +25,14 @@ def _to_2(conn: Connection) -> None:
     only schema 1 would misread; the version says which loaders may read the file."""
 
 
+def _to_3(conn: Connection) -> None:
+    """Schema 3 records the building process's pid, so a build whose process died is shown as
+    interrupted rather than running."""
+    conn.exec_driver_sql("ALTER TABLE builds ADD COLUMN pid INTEGER")
+
+
 # version v -> the function that upgrades a registry from v to v + 1.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _to_2}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _to_2, 2: _to_3}
 
 
 def migratable(version: int) -> bool:
@@ -32,16 +41,9 @@ def migratable(version: int) -> bool:
 
 
 def parse_schema_version(value: str | None, registry: str) -> int:
-    """The integer in a ``schema_version`` meta row; a missing or garbled one is not ours."""
-    if value is None:
-        raise RegistryNotFound(
-            f"{registry} is not a b12x-aot registry (its meta table has no schema_version); "
-            "build one with b12x-compile"
-        )
+    """The integer in a ``schema_version`` meta row; a missing or garbled one is not ours. The
+    loader's check, so both say the same thing and the same fix."""
     try:
-        return int(value)
-    except ValueError:
-        raise RegistryNotFound(
-            f"{registry} is not a b12x-aot registry (schema_version {value!r} is not an integer); "
-            "build one with b12x-compile"
-        ) from None
+        return schema_version_of(value, registry)
+    except RegistryFormatError as exc:
+        raise RegistryNotFound(exc.format_message()) from None

@@ -15,10 +15,12 @@ from sqlalchemy import Connection, func, null, select
 
 from b12x_aot.loader import VariantId
 
+from ._blobs import BlobStore
+from ._liveness import seen_status
 from ._records import Provenance, SourceClosure
 from ._schema import Artifact, Build, CurrentVariant, Failure, KernelRow, Source, SpecRow, Variant
 from ._schema import Toolchain as ToolchainRow
-from .errors import NoSuchVariant, RegistryError
+from .errors import BlobError, NoSuchVariant, RegistryError
 
 __all__ = [
     "BuildRow",
@@ -32,6 +34,7 @@ __all__ = [
     "failure_rows",
     "find_variant",
     "latest_failures",
+    "lost_rows",
     "provenance_of",
     "source_closures",
     "variant_rows",
@@ -40,13 +43,14 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class VariantState:
-    """The hashes of the variant row a key currently serves."""
+    """The hashes of the variant row a key currently serves, and what of it is damaged."""
 
     key: str
     build_id: int
     source_hash: str
     spec_hash: str
     toolchain_hash: str
+    damage: str = ""  # why the stored variant cannot be served as it is; empty when it can
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +77,30 @@ class FailureState:
         return self.build_id > state.build_id
 
 
-def current_states(conn: Connection) -> dict[str, VariantState]:
+def lost_rows(conn: Connection) -> dict[str, str]:
+    """Current keys whose variants, kernels or artifact row is gone: key -> which row."""
+    rows = conn.execute(
+        select(CurrentVariant.key, Variant.id, KernelRow.variant_id, Artifact.sha256)
+        .outerjoin(Variant, Variant.id == CurrentVariant.variant_id)
+        .outerjoin(KernelRow, KernelRow.variant_id == Variant.id)
+        .outerjoin(Artifact, Artifact.sha256 == Variant.artifact_sha256)
+    )
+    lost: dict[str, str] = {}
+    for key, variant_id, kernel_id, sha in rows:
+        if variant_id is None:
+            lost[key] = "its variants row is missing"
+        elif kernel_id is None:
+            lost[key] = "its kernels row is missing"
+        elif sha is None:
+            lost[key] = "its artifact row is missing"
+    return lost
+
+
+def current_states(conn: Connection, blobs: BlobStore | None = None) -> dict[str, VariantState]:
+    """What each current key serves. A key that lost a row says so in ``damage``; with
+    ``blobs``, so does one whose artifact bytes are missing or do not hash to their sha256
+    (every artifact is read and hashed once)."""
+    lost = lost_rows(conn)
     rows = conn.execute(
         select(
             CurrentVariant.key,
@@ -81,9 +108,23 @@ def current_states(conn: Connection) -> dict[str, VariantState]:
             Variant.source_hash,
             Variant.spec_hash,
             Variant.toolchain_hash,
+            Variant.artifact_sha256,
         ).join(Variant, Variant.id == CurrentVariant.variant_id)
     )
-    return {r[0]: VariantState(*r) for r in rows}
+    sound: dict[str, str] = {}  # sha -> "" or what is wrong with its bytes
+    states: dict[str, VariantState] = {}
+    for key, build_id, source, spec, toolchain, sha in rows:
+        damage = lost.get(key, "")
+        if not damage and blobs is not None:
+            if sha not in sound:
+                try:
+                    blobs.read(conn, sha)
+                    sound[sha] = ""
+                except BlobError as exc:
+                    sound[sha] = f"its artifact is damaged ({exc.format_message()})"
+            damage = sound[sha]
+        states[key] = VariantState(key, build_id, source, spec, toolchain, damage)
+    return states
 
 
 def _latest_failure_ids() -> Any:
@@ -415,11 +456,13 @@ class BuildRow:
 
 
 def builds(conn: Connection) -> list[BuildRow]:
-    """Every build, oldest first."""
+    """Every build, oldest first. A running build of this host whose process is gone shows
+    as ``interrupted`` (:func:`seen_status`)."""
     cols = ("id", "started_at", "finished_at", "status", "host", "user", "shard", "command", "summary_json")
-    rows = conn.execute(select(*(getattr(Build, c) for c in cols)).order_by(Build.id))
+    rows = conn.execute(select(*(getattr(Build, c) for c in cols), Build.pid).order_by(Build.id))
     out = []
-    for *head, summary_json in rows:
+    for *head, summary_json, pid in rows:
+        head[3] = seen_status(head[3], head[4], pid, head[1])
         try:
             summary = json.loads(summary_json) if summary_json else None
         except ValueError:

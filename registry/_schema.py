@@ -51,7 +51,8 @@ __all__ = [
 ]
 
 # Bump with every change to the tables below, and add a step to MIGRATIONS in _migrations.py.
-SCHEMA_VERSION = 2  # 2: kernels' JSON may hold tensor arguments, recorded parameters and lets
+# 2: kernels' JSON may hold tensor arguments, recorded parameters and lets; 3: builds.pid
+SCHEMA_VERSION = 3
 
 Sha256 = Annotated[str, mapped_column(String(64))]
 Name = Annotated[str, mapped_column(String(200))]
@@ -107,6 +108,7 @@ class Build(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     status: Mapped[str] = mapped_column(String(16))  # running, ok, failed, interrupted
     host: Mapped[Name]
+    pid: Mapped[int | None]  # the building process on ``host``: a dead one's running build was cut off
     user: Mapped[Name]
     command: Mapped[str] = mapped_column(Text)
     shard: Mapped[str | None] = mapped_column(String(32))

@@ -10,41 +10,33 @@ their sha256; either way every read checks the hash.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
-import re
 import sqlite3
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
-from sqlalchemy import URL, Connection, Engine, create_engine, event, inspect, select
+from sqlalchemy import URL, Connection, Engine, create_engine, delete, inspect, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 
-from b12x_aot.loader import blob_path
-
+from ._blobs import BlobStore, claim_blob_dir, register, registrations
 from ._migrations import migratable, parse_schema_version
-from ._schema import SCHEMA_VERSION, Artifact, Base, Meta
-from .errors import BlobDirError, BlobError, RegistryNotFound, RegistryUsageError, SchemaMismatch
+from ._schema import SCHEMA_VERSION, Base, Meta
+from ._sqlite import BUSY_TIMEOUT_MS, damage_reason, quick_check, sqlite_engine
+from .errors import (
+    BlobDirError,
+    RegistryDamaged,
+    RegistryError,
+    RegistryNotFound,
+    RegistryUsageError,
+    SchemaMismatch,
+)
 
-__all__ = [
-    "OWNER_FILE",
-    "BlobStore",
-    "RegistryStore",
-    "blob_owner",
-    "claim_blob_dir",
-    "registry_url",
-    "utcnow",
-]
-
-_BUSY_TIMEOUT_MS = 600_000
+__all__ = ["RegistryStore", "file_missing", "registry_url", "utcnow"]
 
 
 def utcnow() -> datetime:
@@ -97,35 +89,50 @@ def _create_engine(url: str, **kwargs: Any) -> Engine:
 
 
 def _sqlite_engine(url: str, *, read_only: bool = False) -> Engine:
-    if read_only:
-        # mode=ro: audits never create, convert (WAL) or lock-for-write the file they read.
-        uri = "file:" + quote(make_url(url).database or "") + "?mode=ro"
-        engine = _create_engine(
-            url,
-            creator=lambda: sqlite3.connect(
-                uri, uri=True, timeout=_BUSY_TIMEOUT_MS / 1000, check_same_thread=False
-            ),
+    return sqlite_engine(url, make_url(url).database or "", read_only=read_only)
+
+
+def _check_file(db_path: Path, create: bool) -> None:
+    """Refuse a registry path that is not a file, saying what it is and what to give."""
+    if db_path.is_dir():
+        inside = sorted(p.name for p in db_path.glob("*.db"))[:3]
+        hint = f" (it holds {', '.join(inside)})" if inside else ""
+        raise RegistryUsageError(
+            f"registry {db_path} is a directory, not a registry file{hint}; give the path of a "
+            f"registry file, such as {db_path / (inside[0] if inside else 'kernels.db')}"
         )
-    else:
-        engine = _create_engine(url, connect_args={"timeout": _BUSY_TIMEOUT_MS / 1000})
+    if not db_path.exists() and not create:
+        raise RegistryNotFound(
+            f"registry {db_path} does not exist; give an existing registry file, or build one with "
+            f"`b12x-compile specs/ --registry {db_path}`"
+        )
+    if create:
+        try:
+            db_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RegistryUsageError(
+                f"cannot create registry {db_path}: {exc.strerror} ({db_path.parent}); "
+                "give a path in a writable directory"
+            ) from None
 
-    @event.listens_for(engine, "connect")
-    def _connect(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.isolation_level = None  # SQLAlchemy's "begin" event issues BEGIN itself
-        cur = dbapi_conn.cursor()
-        cur.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-        if not read_only:
-            cur.execute("PRAGMA journal_mode = WAL")
-            cur.execute("PRAGMA synchronous = NORMAL")
-        cur.execute("PRAGMA foreign_keys = ON")
-        cur.close()
 
-    @event.listens_for(engine, "begin")
-    def _begin(conn: Connection) -> None:
-        # Writers take the lock up front: upgrading a read lock later cannot wait, it fails.
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("b12x_write") else "BEGIN")
+def file_missing(location: str) -> bool:
+    """Whether ``location`` names a SQLite file that is not there."""
+    url = make_url(registry_url(location))
+    return url.get_backend_name() == "sqlite" and not Path(url.database or "").exists()
 
-    return engine
+
+def _still_there(location: str, registry_id: str, directory: Path) -> bool:
+    """Whether the registry registered as ``registry_id`` at ``location`` still is that registry
+    and keeps its blobs in ``directory``. One that cannot be read is taken to be there."""
+    if file_missing(location):
+        return False
+    try:
+        other = RegistryStore.open(location, read_only=True, check_schema=False)
+    except RegistryError:
+        return True
+    other.close()
+    return other.registry_id == registry_id and other.blobs.directory == directory
 
 
 def _not_a_registry(display: str, exc: BaseException) -> RegistryNotFound:
@@ -136,115 +143,6 @@ def _not_a_registry(display: str, exc: BaseException) -> RegistryNotFound:
     return RegistryNotFound(
         f"{display} is not a b12x-aot registry ({reason}); give a registry that b12x-compile built"
     )
-
-
-# In a blob directory: which registry owns it (its registry_id, then its location, for people).
-OWNER_FILE = ".b12x-registry"
-_SHA256_NAME = re.compile(r"[0-9a-f]{64}")
-
-
-def blob_owner(directory: Path) -> str | None:
-    """The registry_id an owner marker in ``directory`` names, or None without one."""
-    try:
-        return (directory / OWNER_FILE).read_text().split("\n", 1)[0].strip() or None
-    except FileNotFoundError:
-        return None
-
-
-def claim_blob_dir(directory: Path, registry_id: str, display: str) -> None:
-    """Make ``directory`` the blob directory of registry ``registry_id``, or refuse.
-
-    gc deletes the blob files its registry does not reference, so two registries must never
-    share a directory: a directory another registry claimed, or one already holding files
-    with no claim, is refused.
-    """
-    directory.mkdir(parents=True, exist_ok=True)
-    marker = directory / OWNER_FILE
-    owner = blob_owner(directory)
-    if owner == registry_id:
-        return
-    if owner is not None:
-        where = marker.read_text().split("\n")[1:2] or ["?"]
-        raise BlobDirError(
-            f"blob directory {directory} belongs to another registry ({where[0] or '?'}); give "
-            f"{display} a --blob-dir of its own"
-        )
-    if any(p.name != OWNER_FILE for p in directory.iterdir()):
-        raise BlobDirError(
-            f"blob directory {directory} already holds files and no {OWNER_FILE} marker, so it may "
-            f"hold another registry's blobs; give {display} a new or empty --blob-dir"
-        )
-    try:
-        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:  # another opener claimed it between the check and here
-        if blob_owner(directory) != registry_id:
-            raise BlobDirError(
-                f"blob directory {directory} was just claimed by another registry; give "
-                f"{display} a --blob-dir of its own"
-            ) from None
-        return
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{registry_id}\n{display}\n")
-
-
-@dataclass(frozen=True, slots=True)
-class BlobStore:
-    """Where artifact bytes live: ``directory`` of sha256-named files, or the database."""
-
-    directory: Path | None
-
-    def path(self, sha256: str) -> Path:
-        assert self.directory is not None
-        return blob_path(self.directory, sha256)
-
-    def write_file(self, sha256: str, data: bytes) -> None:
-        """Write a blob file atomically (temp file, fsync, rename). Idempotent."""
-        target = self.path(sha256)
-        if target.exists():
-            return
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-
-    def blob_files(self) -> Iterator[Path]:
-        """Files named as this store names blobs: ``sha[:2]/sha`` with a 64-hex sha256.
-        Anything else in the directory is not ours to touch."""
-        if self.directory is None or not self.directory.is_dir():
-            return
-        for sub in self.directory.iterdir():
-            if len(sub.name) != 2 or not sub.is_dir() or sub.is_symlink():
-                continue
-            for path in sub.iterdir():
-                if _SHA256_NAME.fullmatch(path.name) and path.name[:2] == sub.name and path.is_file():
-                    yield path
-
-    def read(self, conn: Connection, sha256: str) -> bytes:
-        """The verified bytes of blob ``sha256``. Raises :class:`BlobError`."""
-        row = conn.execute(select(Artifact.data).where(Artifact.sha256 == sha256)).first()
-        if row is None:
-            raise BlobError(sha256, "no artifact row")
-        data = row[0]
-        if data is None:
-            if self.directory is None:
-                raise BlobError(sha256, "the row has no bytes and the registry has no blob directory")
-            try:
-                data = self.path(sha256).read_bytes()
-            except OSError as exc:
-                raise BlobError(sha256, f"blob file unreadable: {exc.strerror}") from None
-        data = bytes(data)
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != sha256:
-            raise BlobError(sha256, f"bytes hash to {actual}")
-        return data
 
 
 class RegistryStore:
@@ -286,21 +184,9 @@ class RegistryStore:
         assert not (create and read_only), "a read-only open cannot create"
         url = registry_url(target)
         is_sqlite = make_url(url).get_backend_name() == "sqlite"
-        db_path = Path(".")
-        if is_sqlite:
-            db_path = Path(make_url(url).database or "")
-            if not db_path.exists() and not create:
-                raise RegistryNotFound(
-                    f"registry {db_path} does not exist; build one with `b12x-compile specs/ --registry {db_path}`"
-                )
-            if create:
-                try:
-                    db_path.parent.mkdir(parents=True, exist_ok=True)
-                except OSError as exc:
-                    raise RegistryUsageError(
-                        f"cannot create registry {db_path}: {exc.strerror} ({db_path.parent}); "
-                        "give a path in a writable directory"
-                    ) from None
+        db_path = Path(make_url(url).database or "") if is_sqlite else None
+        if db_path is not None:
+            _check_file(db_path, create)
         resolved_blobs = Path(blob_dir).expanduser().resolve() if blob_dir is not None else None
         if not create:
             # Check it is a registry before anything writes to it (a WAL switch rewrites a file).
@@ -318,14 +204,19 @@ class RegistryStore:
             stored: str | None = None
             if resolved_blobs is not None:
                 # SQLite keeps the directory relative to the file, so the pair can move together.
-                stored = os.path.relpath(resolved_blobs, db_path.parent) if is_sqlite else str(resolved_blobs)
+                stored = (
+                    os.path.relpath(resolved_blobs, db_path.parent)
+                    if db_path is not None
+                    else str(resolved_blobs)
+                )
             try:
                 meta = store._initialise_waiting(stored, resolved_blobs)
             except BaseException:
                 engine.dispose()
                 raise
         try:
-            return store._checked(meta, check_schema, resolved_blobs, db_path.parent if is_sqlite else None)
+            store = store._checked(meta, check_schema, resolved_blobs, db_path)
+            return store if read_only or store.blobs.directory is None else store._settled()
         except BaseException:
             store.close()
             raise
@@ -335,16 +226,18 @@ class RegistryStore:
         meta: dict[str, str],
         check_schema: bool,
         blob_dir: Path | None,
-        sqlite_dir: Path | None,
+        db_path: Path | None,
     ) -> RegistryStore:
         """This store with its blob directory, once its meta says it is one this code serves."""
         version = parse_schema_version(meta.get("schema_version"), self.display)
         if check_schema and version != SCHEMA_VERSION:
             raise SchemaMismatch(self.display, version, SCHEMA_VERSION, migratable=migratable(version))
+        if version == SCHEMA_VERSION:
+            self._check_tables()
         stored_dir = meta.get("blob_dir")
         directory = None
         if stored_dir:
-            directory = ((sqlite_dir or Path("/")) / stored_dir).resolve()
+            directory = ((db_path.parent if db_path is not None else Path("/")) / stored_dir).resolve()
         if blob_dir is not None and directory != blob_dir:
             if directory is None:
                 raise BlobDirError(
@@ -357,7 +250,46 @@ class RegistryStore:
             )
         if directory is None:
             return self
-        return type(self)(self.engine, self.url, BlobStore(directory), registry_id=meta.get("registry_id"))
+        # Blob files get the database file's permission bits: whoever reads one reads the other.
+        mode = db_path.stat().st_mode & 0o666 if db_path is not None else 0o644
+        blobs = BlobStore(directory, mode)
+        return type(self)(self.engine, self.url, blobs, registry_id=meta.get("registry_id"))
+
+    def _check_tables(self) -> None:
+        """Refuse a database that has this schema's version but not all of its tables."""
+        with self.read() as conn:
+            missing = sorted(set(Base.metadata.tables) - set(inspect(conn).get_table_names()))
+        if missing:
+            raise RegistryNotFound(
+                f"{self.display} is not a whole b12x-aot registry: it lacks the tables "
+                f"{', '.join(missing)}. Give a registry that b12x-compile built, or rebuild this one "
+                "with `b12x-compile specs/ --registry NEW`."
+            )
+
+    def _settled(self) -> RegistryStore:
+        """This store, registered in its blob directory. A copy of another registry's file (its
+        id registered at another location where that registry still is) gets an id of its own,
+        so that gc of either keeps the blobs of both."""
+        directory = self.blobs.directory
+        assert directory is not None
+        with self.write() as conn:
+            rid = conn.execute(select(Meta.value).where(Meta.key == "registry_id")).scalar_one_or_none()
+            elsewhere = registrations(directory).get(rid) if rid else None
+            if rid is None or (
+                elsewhere not in (None, self.display) and _still_there(elsewhere, rid, directory)
+            ):
+                fresh = uuid.uuid4().hex
+                conn.execute(delete(Meta).where(Meta.key == "registry_id"))
+                conn.execute(Meta.__table__.insert().values(key="registry_id", value=fresh))
+                rid = fresh
+            try:
+                register(directory, rid, self.display)
+            except OSError as exc:
+                raise BlobDirError(
+                    f"cannot register {self.display} in its blob directory {directory}: {exc.strerror}; "
+                    "whoever writes the registry must be able to write its blob directory"
+                ) from None
+        return type(self)(self.engine, self.url, self.blobs, registry_id=rid)
 
     def _read_meta(self) -> dict[str, str]:
         """The meta rows, read without writing. Raises :class:`RegistryNotFound`."""
@@ -369,6 +301,9 @@ class RegistryStore:
                         "that b12x-compile built"
                     )
                 return dict(conn.execute(select(Meta.key, Meta.value)).all())
+        except RegistryDamaged:
+            self.engine.dispose()
+            raise
         except (DBAPIError, sqlite3.Error) as exc:
             self.engine.dispose()
             raise _not_a_registry(self.display, exc) from None
@@ -377,7 +312,7 @@ class RegistryStore:
         """:meth:`_initialise`, retried while SQLite reports the file locked: builders that
         open one new file at once race to create it and switch it to WAL, and SQLite answers
         some of those steps with "database is locked" without waiting on the busy timeout."""
-        deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
         pause = 0.01
         while True:
             try:
@@ -413,14 +348,46 @@ class RegistryStore:
 
     @contextlib.contextmanager
     def write(self) -> Iterator[Connection]:
-        """A short write transaction (``BEGIN IMMEDIATE`` on SQLite), committed on exit."""
-        with self.engine.connect().execution_options(b12x_write=True) as conn, conn.begin():
-            yield conn
+        """A short write transaction (``BEGIN IMMEDIATE`` on SQLite), committed on exit.
+        Raises :class:`RegistryDamaged` when SQLite finds the file's pages damaged."""
+        try:
+            with self.engine.connect().execution_options(b12x_write=True) as conn, conn.begin():
+                yield conn
+        except (DBAPIError, sqlite3.Error) as exc:
+            damaged = self._damaged(exc)
+            if damaged is None:
+                raise
+            raise damaged from None
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Connection]:
-        with self.engine.connect() as conn, conn.begin():
-            yield conn
+        """A read transaction. Raises :class:`RegistryDamaged` as :meth:`write` does."""
+        try:
+            with self.engine.connect() as conn, conn.begin():
+                yield conn
+        except (DBAPIError, sqlite3.Error) as exc:
+            damaged = self._damaged(exc)
+            if damaged is None:
+                raise
+            raise damaged from None
+
+    def _damaged(self, exc: BaseException) -> RegistryDamaged | None:
+        reason = damage_reason(exc)
+        if reason is None:
+            return None
+        return RegistryDamaged(
+            f"registry {self.display} is damaged ({reason}). See what is lost with `b12x-registry "
+            f"verify -r {self.display}`, then restore the file from a copy or rebuild it with "
+            "`b12x-compile specs/ --registry NEW`."
+        )
+
+    def integrity_faults(self) -> list[str]:
+        """What SQLite's ``PRAGMA quick_check`` finds wrong with the file's pages (SQLite only;
+        a server keeps its own pages)."""
+        if self.dialect != "sqlite":
+            return []
+        with self.read() as conn:
+            return quick_check(conn)
 
     def close(self) -> None:
         self.engine.dispose()

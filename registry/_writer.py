@@ -11,6 +11,8 @@ again.
 from __future__ import annotations
 
 import getpass
+import hashlib
+import os
 import socket
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +21,7 @@ from sqlalchemy import Connection, Table, delete, select, update
 
 from b12x_aot.loader import canonical_json
 
+from ._liveness import INTERRUPTED, seen_status
 from ._records import FailureRecord, Provenance, Toolchain, VariantRecord
 from ._schema import (
     Artifact,
@@ -49,6 +52,10 @@ def _insert_ignore(conn: Connection, table: Table, values: Mapping[str, Any]) ->
     conn.execute(_insert(conn, table, values).on_conflict_do_nothing())
 
 
+def _hashes_to(data: bytes | None, sha: str) -> bool:
+    return data is not None and hashlib.sha256(data).hexdigest() == sha
+
+
 def _upsert_current(conn: Connection, key: str, variant_id: int) -> None:
     stmt = _insert(conn, CurrentVariant.__table__, {"key": key, "variant_id": variant_id})
     conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"variant_id": variant_id}))
@@ -61,13 +68,25 @@ class RegistryWriter:
         self.store = store
 
     def begin_build(self, toolchain: Toolchain, command: str, shard: str | None) -> int:
+        """Record a running build of this process. Running builds of this host whose process
+        died are recorded as interrupted first."""
+        host = socket.gethostname()
         with self.store.write() as conn:
+            running = conn.execute(
+                select(Build.id, Build.pid, Build.started_at).where(
+                    Build.status == "running", Build.host == host
+                )
+            ).all()
+            dead = [i for i, pid, since in running if seen_status("running", host, pid, since) == INTERRUPTED]
+            if dead:
+                conn.execute(update(Build).where(Build.id.in_(dead)).values(status=INTERRUPTED))
             self._toolchain(conn, toolchain)
             result = conn.execute(
                 Build.__table__.insert().values(
                     started_at=utcnow(),
                     status="running",
-                    host=socket.gethostname(),
+                    host=host,
+                    pid=os.getpid(),
                     user=getpass.getuser(),
                     command=command,
                     shard=shard,
@@ -124,39 +143,33 @@ class RegistryWriter:
             conn.exec_driver_sql("SELECT pg_advisory_xact_lock(hashtext(%(k)s))", {"k": key})
 
     def record_variant(self, build_id: int, rec: VariantRecord) -> bool:
-        """Record a compiled variant and make it current. False if it was already current."""
+        """Record a compiled variant and make it current. False if it was already current, whole.
+
+        A stored artifact that is missing or damaged (a blob file or inline bytes that do not
+        hash to their sha256) is rewritten with these bytes and read back; a current variant
+        that lost its kernels row is recorded again. Either counts as recorded (True).
+        """
         sha = rec.artifact_sha256
         prov = rec.provenance
+        repaired = False
         if self.store.blobs.directory is not None:
-            self.store.blobs.write_file(sha, rec.artifact)  # the blob before the row that names it
+            # The blob before the row that names it.
+            repaired = self.store.blobs.write_file(sha, rec.artifact)
         with self.store.write() as conn:
             self._lock_key(conn, rec.variant.key)
+            self._provenance(conn, prov)
+            repaired = self._artifact(conn, sha, rec.artifact) or repaired
             existing = conn.execute(
                 select(
                     Variant.source_hash, Variant.spec_hash, Variant.toolchain_hash, Variant.artifact_sha256
                 )
                 .join(CurrentVariant, CurrentVariant.variant_id == Variant.id)
+                .join(KernelRow, KernelRow.variant_id == Variant.id)
                 .where(CurrentVariant.key == rec.variant.key)
             ).first()
-            if existing is not None and tuple(existing) == (
-                prov.source_hash,
-                prov.spec_hash,
-                prov.toolchain_hash,
-                sha,
-            ):
-                return False
-            self._provenance(conn, prov)
-            _insert_ignore(
-                conn,
-                Artifact.__table__,
-                {
-                    "sha256": sha,
-                    "kind": "cubin",
-                    "size": len(rec.artifact),
-                    "data": None if self.store.blobs.directory is not None else rec.artifact,
-                    "created_at": utcnow(),
-                },
-            )
+            same = (prov.source_hash, prov.spec_hash, prov.toolchain_hash, sha)
+            if existing is not None and tuple(existing) == same:
+                return repaired
             v = rec.variant
             variant_id = conn.execute(
                 Variant.__table__.insert().values(
@@ -204,6 +217,34 @@ class RegistryWriter:
             )
             _upsert_current(conn, v.key, int(variant_id))
             return True
+
+    def _artifact(self, conn: Connection, sha: str, data: bytes) -> bool:
+        """Store artifact ``sha``'s row (and its bytes, when the database keeps them); rewrite
+        bytes that do not hash to ``sha``, then read them back. Returns whether it rewrote."""
+        inline = self.store.blobs.directory is None
+        row = conn.execute(select(Artifact.data, Artifact.size).where(Artifact.sha256 == sha)).first()
+        if row is None:
+            _insert_ignore(
+                conn,
+                Artifact.__table__,
+                {
+                    "sha256": sha,
+                    "kind": "cubin",
+                    "size": len(data),
+                    "data": data if inline else None,
+                    "created_at": utcnow(),
+                },
+            )
+            return False
+        if row.size == len(data) and (not inline or _hashes_to(row.data, sha)):
+            return False
+        conn.execute(
+            update(Artifact)
+            .where(Artifact.sha256 == sha)
+            .values(size=len(data), data=data if inline else None)
+        )
+        self.store.blobs.read(conn, sha)  # raises BlobError unless the rewrite holds
+        return True
 
     def record_failure(self, build_id: int, rec: FailureRecord) -> None:
         """Record a failed or rejected variant. A rejection also stops serving the key: the

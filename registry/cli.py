@@ -7,6 +7,7 @@ failure: 1 when the audit found faults or regressions, 2 on bad input.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -16,6 +17,7 @@ from typing import Any
 
 import click
 import yaml
+from sqlalchemy.exc import SQLAlchemyError
 
 from b12x_aot.loader import Manifest, ManifestError
 
@@ -34,7 +36,7 @@ from ._tables import (
     print_variants,
 )
 from ._yaml import BoundedLoader, read_yaml, yaml_fault
-from .errors import NoSuchVariant, RegistryError
+from .errors import NoSuchVariant, RegistryDamaged, RegistryError
 
 __all__ = ["main"]
 
@@ -72,6 +74,11 @@ def _fails(fn: Callable[..., None]) -> Callable[..., None]:
             sys.exit(exc.exit_code)
         except (ManifestError, FileExistsError) as exc:
             _error(str(exc))
+            sys.exit(2)
+        except SQLAlchemyError as exc:
+            # The store names damage itself (RegistryDamaged); what is left is the database
+            # refusing the read (gone, busy, no permission), not "faults found" (exit 1).
+            _error(f"cannot read the registry: {getattr(exc, 'orig', None) or exc}")
             sys.exit(2)
 
     return wrapper
@@ -182,13 +189,18 @@ def show(registry: str, key: str, as_json: bool) -> None:
     print_variant(row, prov)
 
 
+_KEYLIKE = re.compile(r"(build:)?[0-9]+|[0-9a-fA-F]+")
+
+
 def _side(spec: str, registry: str | None) -> tuple[str, list[VariantRow], bool]:
     """A diff operand: a build id (``N`` or ``build:N``) or a variant key prefix in
     --registry, or a registry path/URL.
 
     Returns its name, its variants, and whether it named a single variant.
     """
-    is_location = "://" in spec or Path(spec).exists()
+    # Build ids and key prefixes are digits and hex; anything else names a registry, and one
+    # that is not there is reported as missing, not as a bad key.
+    is_location = "://" in spec or Path(spec).exists() or not _KEYLIKE.fullmatch(spec)
     if is_location:
         store = _open(spec)
         with store.read() as conn:
@@ -282,8 +294,11 @@ def verify_(registry: str, as_json: bool) -> None:
     from b12x_aot.compiler import verify  # cubin inspection lives with the build side
 
     store = _open(registry)
-    with store.read() as conn:
-        rows = variant_rows(conn)
+    try:
+        with store.read() as conn:
+            rows = variant_rows(conn)
+    except RegistryDamaged:
+        rows = []  # verify reports the damage as a fault, and exits 1
     checked, faults = verify(store, rows)
     if as_json:
         _emit_json({"blobs": checked, "variants": len(rows), "faults": [f.to_json() for f in faults]})
@@ -342,10 +357,9 @@ def stale_(registry: str, spec_paths: Sequence[str], as_json: bool) -> None:
 def gc_(registry: str, keep: Sequence[str], prune_history: bool, dry_run: bool, as_json: bool) -> None:
     """Delete blobs and rows that no variant references (run with --dry-run first).
 
-    A --keep entry that matches nothing stops gc before it deletes anything. Orphan blob files
-    are pruned only in a blob directory this registry created (its .b12x-registry marker names
-    it): gc cannot see another registry's references, so a registry never shares its
-    --blob-dir.
+    A --keep entry that matches nothing stops gc before it deletes anything. A blob file is
+    pruned only when no registry listed in the blob directory's .b12x-registries (this one and
+    its copies) references it, and none is while one of them cannot be read.
     """
     manifests = [_manifest(p) for p in keep]
     store = RegistryStore.open(registry, read_only=dry_run)  # gc writes, unless it only reports

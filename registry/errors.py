@@ -9,6 +9,7 @@ __all__ = [
     "BlobError",
     "ManifestUnsatisfied",
     "NoSuchVariant",
+    "RegistryDamaged",
     "RegistryError",
     "RegistryNotFound",
     "RegistryUsageError",
@@ -22,6 +23,13 @@ class RegistryError(B12xError):
 
 class RegistryNotFound(RegistryError):
     """The registry does not exist, cannot be reached, or is not a b12x-aot registry."""
+
+    exit_code = 2
+
+
+class RegistryDamaged(RegistryError):
+    """A registry whose database pages or rows are damaged: SQLite reports it malformed, or a
+    current variant lost a row it needs. Rerunning never helps; the message says what does."""
 
     exit_code = 2
 
