@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 
 from b12x_aot.loader import Registry
-from b12x_aot.registry import BlobDirError, RegistryStore
+from b12x_aot.registry import SCHEMA_VERSION, BlobDirError, RegistryStore
 
 from .conftest import FakeRegistry, record, variant
 
@@ -179,8 +179,8 @@ def test_migrate_speaks_json(fake_registry: FakeRegistry, run_cli) -> None:
     assert result.exit_code == 0
     assert json.loads(result.stdout) == {
         "registry": f"sqlite:///{fake_registry.path}",
-        "from": 2,
-        "to": 2,
+        "from": SCHEMA_VERSION,
+        "to": SCHEMA_VERSION,
         "migrated": False,
     }
 
@@ -226,12 +226,13 @@ def test_migrate_dry_run_says_what_would_change_and_writes_nothing(
 ) -> None:
     # A registry one schema behind, with a step to the current one: the dry run names the step
     # and leaves the file as it was, even read-only; the real run then takes it.
+    NEXT = SCHEMA_VERSION + 1
     from b12x_aot.registry import _maintain, _migrations
 
     steps: list[int] = []
-    monkeypatch.setattr(_maintain, "SCHEMA_VERSION", 3)
-    monkeypatch.setattr(_migrations, "SCHEMA_VERSION", 3)
-    monkeypatch.setitem(_migrations.MIGRATIONS, 2, lambda conn: steps.append(2))
+    monkeypatch.setattr(_maintain, "SCHEMA_VERSION", NEXT)
+    monkeypatch.setattr(_migrations, "SCHEMA_VERSION", NEXT)
+    monkeypatch.setitem(_migrations.MIGRATIONS, SCHEMA_VERSION, lambda conn: steps.append(SCHEMA_VERSION))
     fake_registry.store.close()
     path = fake_registry.path
     before = path.read_bytes()
@@ -239,12 +240,12 @@ def test_migrate_dry_run_says_what_would_change_and_writes_nothing(
     try:
         dry = run_cli("migrate", "-r", path, "--dry-run")
         assert dry.exit_code == 0, dry.output
-        assert "schema 2 -> 3 (dry run: nothing written)" in dry.stdout
+        assert f"schema {SCHEMA_VERSION} -> {NEXT} (dry run: nothing written)" in dry.stdout
         as_json = run_cli("migrate", "-r", path, "--dry-run", "--json")
         assert json.loads(as_json.stdout) == {
             "registry": f"sqlite:///{path}",
-            "from": 2,
-            "to": 3,
+            "from": SCHEMA_VERSION,
+            "to": NEXT,
             "migrated": False,
             "dry_run": True,
             "would_migrate": True,
@@ -253,9 +254,13 @@ def test_migrate_dry_run_says_what_would_change_and_writes_nothing(
     finally:
         path.chmod(0o644)
     real = run_cli("migrate", "-r", path)
-    assert real.exit_code == 0 and "schema 2 -> 3" in real.stdout and steps == [2]
+    assert (
+        real.exit_code == 0
+        and f"schema {SCHEMA_VERSION} -> {NEXT}" in real.stdout
+        and steps == [SCHEMA_VERSION]
+    )
     again = run_cli("migrate", "-r", path, "--dry-run")
-    assert again.exit_code == 0 and "already at schema 3" in again.stdout
+    assert again.exit_code == 0 and f"already at schema {NEXT}" in again.stdout
 
 
 def test_migrate_dry_run_refuses_what_migrate_refuses(fake_registry: FakeRegistry, run_cli) -> None:
