@@ -17,7 +17,7 @@ from ._abi import DTYPES, SCALAR_KINDS, Arg, DType, ScalarKind, tensor_fields
 from ._cuda import check, current_device, ensure_init
 from ._expr import TRACED, Expr, cdiv, tdiv, tmod
 from ._geometry import Geometry, StaticGeometry
-from ._index import READABLE_SCHEMA, IndexEntry, blob_path
+from ._index import READABLE_SCHEMA, IndexEntry, blob_path, schema_version_of
 from ._keys import (
     KEY_SCHEMA_VERSION,
     VariantId,
@@ -117,6 +117,7 @@ __all__ = [
     "input_words",
     "params_text",
     "params_to_json",
+    "schema_version_of",
     "short_repr",
     "symbol_bindings",
     "tdiv",

@@ -10,8 +10,7 @@ from collections.abc import Callable
 
 from sqlalchemy import Connection
 
-from b12x_aot.loader import RegistryFormatError
-from b12x_aot.loader._index import schema_version_of
+from b12x_aot.loader import RegistryFormatError, schema_version_of
 
 from ._schema import SCHEMA_VERSION
 from .errors import RegistryNotFound
