@@ -121,7 +121,7 @@ def test_kill_9_midway_then_resume_equals_an_uninterrupted_build(tmp_path: Path)
     consistent(db)
     with sqlite3.connect(db) as conn:
         statuses = [r[0] for r in conn.execute("SELECT status FROM builds ORDER BY id")]
-    assert statuses == ["running", "ok"]  # the killed build never finished; the resume did
+    assert statuses == ["interrupted", "ok"]  # the killed build never finished; the resume did
 
 
 def test_a_broken_variant_fails_alone(tmp_path: Path) -> None:

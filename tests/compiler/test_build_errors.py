@@ -78,8 +78,10 @@ def test_register_bound_rejects_with_figures(tmp_path: Path) -> None:
     listed = json.loads(registry_cli(*cli, "--json").stdout)
     assert sorted(f["stage"] for f in listed) == ["limits"] * 4
     assert {f["key"] for f in listed} == {r["key"] for r in summary["rejected"]}
-    table = registry_cli(*cli).stdout
-    assert "4 failure(s)" in table and "moe.topk_sum[" in table
+    table = registry_cli(*cli)  # piped: one line per failure on stdout, the count on stderr
+    rows = table.stdout.splitlines()
+    assert len(rows) == 4 and all("\tmoe.topk_sum[" in row and "\tlimits\t" in row for row in rows)
+    assert "4 failure(s)" in table.stderr
     assert "max_registers 16" in registry_cli(*cli, "--log", listed[0]["key"][:12]).stdout
 
 
