@@ -4,15 +4,18 @@ source closures. They read the registry through its queries and report with its 
 - ``verify``: SQLite's ``PRAGMA quick_check`` over every page; every current key's variants,
   kernels and artifact rows present; every blob re-hashed; every variant's cubin parsed to
   check that its ELF arch is the recorded arch, its kernel symbol exists and its ``.text``
-  hash is the recorded one.
+  hash is the recorded one; every variant's stored arguments and launch record rehearsed by
+  the loader as it would prepare the launch (a tampered expression is a fault here).
 - ``stale``: variants whose source closure, spec contract or toolchain differs from the
   current checkout and environment, each with its reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 
+from b12x_aot.loader import IndexEntry, LoaderError, rehearse
 from b12x_aot.registry import (
     BlobError,
     Fault,
@@ -23,6 +26,7 @@ from b12x_aot.registry import (
     Toolchain,
     VariantRow,
     artifact_shas,
+    launch_records,
     lost_rows,
     source_closures,
 )
@@ -42,6 +46,7 @@ def verify(store: RegistryStore, rows: Sequence[VariantRow]) -> tuple[int, list[
     faults: list[Fault] = []
     good: dict[str, bytes] = {}
     shas: list[str] = []
+    launches: Mapping[int, tuple[str, str]] = {}
     try:
         faults.extend(
             Fault(store.display, None, "quick_check: " + " ".join(line.split()))
@@ -50,6 +55,7 @@ def verify(store: RegistryStore, rows: Sequence[VariantRow]) -> tuple[int, list[
         with store.read() as conn:
             faults.extend(Fault(key[:16], key, problem) for key, problem in sorted(lost_rows(conn).items()))
             shas = artifact_shas(conn)
+            launches = launch_records(conn)
             for sha in shas:
                 try:
                     good[sha] = store.blobs.read(conn, sha)
@@ -60,6 +66,9 @@ def verify(store: RegistryStore, rows: Sequence[VariantRow]) -> tuple[int, list[
     except RegistryDamaged as exc:
         return len(shas), [*faults, Fault(store.display, None, exc.format_message())]
     for row in rows:
+        problem = _launch_problem(row, launches.get(row.id))
+        if problem is not None:
+            faults.append(Fault(row.label, row.key, problem))
         data = good.get(row.artifact_sha256)
         if data is None:
             if row.artifact_sha256 not in shas:
@@ -79,6 +88,35 @@ def verify(store: RegistryStore, rows: Sequence[VariantRow]) -> tuple[int, list[
         if kernel.text_sha256 != row.text_sha256:
             faults.append(Fault(row.label, row.key, ".text sha256 differs from the recorded one"))
     return len(shas), faults
+
+
+def _launch_problem(row: VariantRow, recorded: tuple[str, str] | None) -> str | None:
+    """What preparing ``row``'s launch from its stored record would raise, if anything."""
+    if recorded is None:
+        return None  # a lost kernels row is reported by lost_rows
+    args, launch = recorded
+    v = row.variant
+    entry = IndexEntry(
+        (
+            v.key,
+            v.family,
+            v.abi,
+            v.arch,
+            json.dumps(dict(v.params)),
+            row.artifact_sha256,
+            row.symbol,
+            args,
+            launch,
+            None,
+        )
+    )
+    try:
+        rehearse(entry)
+    except LoaderError as exc:
+        return f"stored launch record: {exc}; rebuild the variant with b12x-compile"
+    except (ValueError, TypeError, KeyError, IndexError) as exc:  # a record not in the loader's shape
+        return f"stored launch record is malformed ({type(exc).__name__}: {exc}); rebuild the variant with b12x-compile"
+    return None
 
 
 def stale(

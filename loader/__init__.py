@@ -117,6 +117,7 @@ __all__ = [
     "input_words",
     "params_text",
     "params_to_json",
+    "rehearse",
     "schema_version_of",
     "short_repr",
     "symbol_bindings",
@@ -135,6 +136,7 @@ _LAZY = {
     "Manifest": "_manifest",
     "ParamRange": "_manifest",
     "Requirement": "_manifest",
+    "rehearse": "_codegen",
 }
 
 

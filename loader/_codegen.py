@@ -19,11 +19,11 @@ from typing import Any
 
 from ._expr import Expr, cdiv, tdiv, tmod
 from ._index import IndexEntry
-from ._params import InputWord
+from ._params import InputWord, ParamLayout
 from ._tensor_maps import MapEncoder, TensorMap
 from .errors import ExpressionError
 
-__all__ = ["Codegen", "plain_sources", "word_sources"]
+__all__ = ["Codegen", "plain_sources", "rehearse", "word_sources"]
 
 
 def word_sources(words: Sequence[InputWord], address: str, data: str) -> dict[str, str]:
@@ -117,3 +117,21 @@ class Codegen:
         """A tuple display of ``exprs`` (``(d0,)`` for one)."""
         parts = [self.value(e) for e in exprs]
         return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+
+
+def rehearse(entry: IndexEntry) -> None:
+    """Derive from ``entry``'s stored record all that preparing its launch derives, short of
+    the driver: arguments, geometry, the parameter layout and the code of every packed slot
+    and grid dimension. Raises what preparing it would (``b12x-registry verify`` asks this of
+    every variant, so a tampered or unreadable launch record is a fault there, not at serving)."""
+    params = entry.kernel_params
+    ParamLayout.of(params, entry.arch)
+    entry.static  # noqa: B018 - binds block, smem and cluster to the params
+    words = entry.input_words
+    code = Codegen(entry, {}, words, plain_sources(words))
+    for slot in ParamLayout.slots(params):
+        exprs = (*slot.dims, *slot.strides) if isinstance(slot, TensorMap) else (slot,)
+        for expr in exprs:
+            code.value(Expr.parse(expr))
+    for expr in entry.geometry.grid:
+        code.value(expr)

@@ -34,6 +34,7 @@ __all__ = [
     "failure_rows",
     "find_variant",
     "latest_failures",
+    "launch_records",
     "lost_rows",
     "provenance_of",
     "source_closures",
@@ -94,6 +95,13 @@ def lost_rows(conn: Connection) -> dict[str, str]:
         elif sha is None:
             lost[key] = "its artifact row is missing"
     return lost
+
+
+def launch_records(conn: Connection) -> dict[int, tuple[str, str]]:
+    """Each variant's stored argument list and launch record, as JSON text: variant id ->
+    (args, launch). ``verify`` has the loader rehearse them."""
+    rows = conn.execute(select(KernelRow.variant_id, KernelRow.args_json, KernelRow.launch_json))
+    return {variant_id: (args, launch) for variant_id, args, launch in rows}
 
 
 def current_states(conn: Connection, blobs: BlobStore | None = None) -> dict[str, VariantState]:
