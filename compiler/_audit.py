@@ -12,7 +12,6 @@ source closures. They read the registry through its queries and report with its 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 
 from b12x_aot.loader import IndexEntry, LoaderError, rehearse
@@ -95,21 +94,7 @@ def _launch_problem(row: VariantRow, recorded: tuple[str, str] | None) -> str | 
     if recorded is None:
         return None  # a lost kernels row is reported by lost_rows
     args, launch = recorded
-    v = row.variant
-    entry = IndexEntry(
-        (
-            v.key,
-            v.family,
-            v.abi,
-            v.arch,
-            json.dumps(dict(v.params)),
-            row.artifact_sha256,
-            row.symbol,
-            args,
-            launch,
-            None,
-        )
-    )
+    entry = IndexEntry.of(row.variant, row.artifact_sha256, row.symbol, args, launch)
     try:
         rehearse(entry)
     except LoaderError as exc:

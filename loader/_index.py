@@ -106,6 +106,26 @@ class IndexEntry:
         self.abi = int(abi)
         self._params: Mapping[str, Any] | None = None
 
+    @classmethod
+    def of(
+        cls, variant: VariantId, artifact_sha256: str, symbol: str, args_json: str, launch_json: str
+    ) -> IndexEntry:
+        """An entry for a variant read elsewhere than the loader's own query (the audits)."""
+        return cls(
+            (
+                variant.key,
+                variant.family,
+                variant.abi,
+                variant.arch,
+                json.dumps(dict(variant.params)),
+                artifact_sha256,
+                symbol,
+                args_json,
+                launch_json,
+                None,
+            )
+        )
+
     @property
     def params(self) -> Mapping[str, Any]:
         if self._params is None:

@@ -290,7 +290,8 @@ def diff_(a: str, b: str, registry: str | None, fail_on: str, as_json: bool) -> 
 @_json_option
 @_fails
 def verify_(registry: str, as_json: bool) -> None:
-    """Re-hash every blob; check each cubin's ELF arch, kernel symbol and .text hash."""
+    """Re-hash every blob; check each cubin's ELF arch, kernel symbol and .text hash, the
+    database's pages and rows, and that every stored launch record prepares."""
     from b12x_aot.compiler import verify  # cubin inspection lives with the build side
 
     store = _open(registry)
