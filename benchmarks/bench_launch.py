@@ -15,7 +15,9 @@ With ``--examples-registry`` (a build of ``examples/specs``), the same paths for
 that take ``cute.Tensor`` arguments, with torch tensors: ``examples.elementwise`` (its host
 function derives tiled extents and strides, so its parameters are computed words) and
 ``examples.tensorop_gemm`` (its tensors passed as given). ``bare`` there launches a buffer
-packed once; ``dsl/*`` calls the DSL's compiled function with ``from_dlpack`` tensors.
+packed once; ``floor`` is ``bare`` after reading each tensor's pointer, shape and strides, the
+least any launch from torch tensors does; ``dsl/*`` calls the DSL's compiled function with
+``from_dlpack`` tensors.
 
     python benchmarks/bench_launch.py --registry build/kernels.db --json out.json
     PYTHONPATH=examples python benchmarks/bench_launch.py --registry build/kernels.db \
@@ -36,7 +38,7 @@ from cuda.bindings import driver as cu
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from b12x_aot.loader import Registry
 
-from _timing import emit, host_us_per_call, ratio_table
+from _timing import emit, floor_path, host_us_per_call, ratio_table
 
 PARAMS = {
     "element": "bf16",
@@ -128,6 +130,8 @@ def main() -> None:
                     ratio_table([(n, t_medians[n]) for n in t_paths], unit="us/launch", base=f"{name}/bare")
                 )
                 bare_us = t_medians[f"{name}/bare"]
+                own = t_medians[f"{name}/prepared"] - t_medians[f"{name}/floor"]
+                print(f"{name}: the loader's own host cost over the floor: {own:.2f} us/launch")
                 checks[f"{name}_prepared_within_1.15x_bare"] = t_medians[f"{name}/prepared"] <= 1.15 * bare_us
                 checks[f"{name}_checked_within_2x_bare"] = t_medians[f"{name}/checked"] <= 2 * bare_us
                 tensor_kernels[family] = {
@@ -191,8 +195,7 @@ def _tensor_paths(kernel, name: str, params: dict, shape: tuple, stream) -> dict
             torch.empty(m, n, device="cuda"),
         ]
     launch = kernel.prepare()
-    launch(*tensors)  # packs the buffer the bare launch reuses
-    buf = ctypes.create_string_buffer(bytes(launch._buf), launch.layout.size)
+    buf = ctypes.create_string_buffer(launch.packed(*tensors), launch.layout.size)
     argv = (ctypes.c_void_p * len(launch.layout.offsets))(
         *(ctypes.addressof(buf) + o for o in launch.layout.offsets)
     )
@@ -204,6 +207,7 @@ def _tensor_paths(kernel, name: str, params: dict, shape: tuple, stream) -> dict
 
     paths = {
         f"{name}/bare": bare,
+        f"{name}/floor": floor_path(bare, tensors),
         f"{name}/prepared": lambda: launch(*tensors),
         f"{name}/checked": lambda: launch.checked(*tensors),
     }

@@ -3,9 +3,12 @@
 Launch cost (host microseconds per launch, on 128 x 128 x 64 fp16 operands, one process):
 
 - ``bare``: ``cuLaunchKernelEx`` on a buffer packed once (the maps encoded already);
-- ``prepared``: the registry's launch, its three tensor maps found in its cache;
-- ``prepared/new``: the same with every map encoded again (``cuTensorMapEncodeTiled`` three
-  times), as a first launch on new buffers is;
+- ``floor``: ``bare`` after reading each tensor's pointer, shape and strides, the least any
+  launch from torch tensors does;
+- ``prepared``: the registry's launch on the tensors of its last call (its memo's buffer);
+- ``prepared/new``: the same with its memo and map caches emptied first, so every call
+  derives, encodes (``cuTensorMapEncodeTiled`` three times) and packs, as a first launch on
+  new buffers does;
 - ``checked``: ``checked()`` with cached maps;
 - ``dsl/reuse`` and ``dsl/fresh``: the DSL's compiled call of the same class, on wrapped tensors
   made once or per call (``from_dlpack``), as its users call it.
@@ -29,7 +32,7 @@ from cuda.bindings import driver as cu
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from b12x_aot.loader import Registry
 
-from _timing import device_ms, emit, host_us_per_call, ratio_table
+from _timing import device_ms, emit, floor_path, host_us_per_call, ratio_table
 
 PARAMS = {"ab": "fp16", "out": "fp16", "tile_n": 128, "stages": 4}
 SMALL, LARGE = (128, 128, 64), (4096, 4096, 4096)
@@ -45,8 +48,7 @@ def _operands(m: int, n: int, k: int) -> list[torch.Tensor]:
 
 def _bare(launch, kernel, tensors, stream):
     """``cuLaunchKernelEx`` straight on a copy of the prepared launch's packed buffer."""
-    launch(*tensors, stream=stream)
-    buf = ctypes.create_string_buffer(bytes(launch._buf), launch.layout.size)
+    buf = ctypes.create_string_buffer(launch.packed(*tensors), launch.layout.size)
     argv = (ctypes.c_void_p * len(launch.layout.offsets))(
         *(ctypes.addressof(buf) + o for o in launch.layout.offsets)
     )
@@ -70,12 +72,14 @@ def _bare(launch, kernel, tensors, stream):
 
 
 def _fresh(launch, tensors, stream):
-    """The prepared launch with its map caches emptied first: every call encodes its maps."""
-    caches = [
-        v for k, v in type(launch).__call__.__globals__.items() if k.startswith("_m") and isinstance(v, dict)
-    ]
+    """The prepared launch with its memo and map caches emptied first: every call derives,
+    encodes and packs anew, as the first launch on new pointers does."""
+    env = type(launch).__call__.__globals__
+    caches = [v for k, v in env.items() if k.startswith("_m") and isinstance(v, dict)]
+    memo = env["store"].__self__
 
     def fresh() -> None:
+        memo.clear()
         for cache in caches:
             cache.clear()
         launch(*tensors, stream=stream)
@@ -136,8 +140,10 @@ def main() -> None:
         kernel = registry.kernel("examples.hopper_gemm", 1, **PARAMS)
         launch = kernel.prepare()
         small = _operands(*SMALL)
+        bare = _bare(launch, kernel, small, stream)
         paths = {
-            "bare": _bare(launch, kernel, small, stream),
+            "bare": bare,
+            "floor": floor_path(bare, small),
             "prepared": lambda: launch(*small, stream=stream),
             "prepared/new": _fresh(launch, small, stream),
             "checked": lambda: launch.checked(*small, stream=stream),
@@ -152,6 +158,8 @@ def main() -> None:
         rounds, medians = _rounds(paths, stream_t.synchronize, opts.batch, opts.batches)
         print(f"examples.hopper_gemm {PARAMS} on {SMALL}, {torch.cuda.get_device_name()}:")
         print(ratio_table([(n, medians[n]) for n in paths], unit="us/launch", base="bare"))
+        own = medians["prepared"] - medians["floor"]
+        print(f"the loader's own host cost over the floor: {own:.2f} us/launch")
 
         large = _operands(*LARGE)
         flops = 2 * LARGE[0] * LARGE[1] * LARGE[2]

@@ -79,14 +79,26 @@ class Codegen:
             return ""
         return f"    A = ({''.join(f'{self.sources[n]}, ' for n in self.order)})\n"
 
-    def prelude(self) -> str:
+    def prelude(self, indent: str = "        ") -> str:
         """The lines that read each tensor's shape and strides once, for the plain call."""
         lines = []
         for arg in sorted({w.arg for w in self.words if w.part == "shape"}):
-            lines.append(f"        s{arg} = a{arg}.shape\n")
+            lines.append(f"{indent}s{arg} = a{arg}.shape\n")
         for arg in sorted({w.arg for w in self.words if w.part == "stride"}):
-            lines.append(f"        d{arg} = a{arg}.stride()\n")
+            lines.append(f"{indent}d{arg} = a{arg}.stride()\n")
         return "".join(lines)
+
+    def key_parts(self) -> list[str]:
+        """Sources of every input the words are read from, in argument order: a scalar, a
+        pointer's address, a tensor's data pointer, whole shape and whole strides (the key of
+        the plain call's memo: equal keys give equal words)."""
+        parts: dict[str, None] = {}
+        for w in sorted(self.words, key=lambda w: w.arg):
+            if w.part in ("shape", "stride"):
+                parts[f"a{w.arg}.shape" if w.part == "shape" else f"a{w.arg}.stride()"] = None
+            else:
+                parts[self.sources[w.name]] = None
+        return list(parts)
 
     def value(self, expr: Expr) -> str:
         """Source that evaluates ``expr`` over this call's input words."""

@@ -4,10 +4,12 @@
 entry, a device, its function handle and a stream): a preallocated parameter buffer, the
 ``void*[]`` that points into it, the per-device function, the block, the shared memory and
 the grid. Its ``__call__`` and ``checked`` are generated for the variant's ABI (see
-``_codegen``), so a call does no loops, lookups or parsing: it converts pointer arguments
-(ints pass through; tensors give ``data_ptr()``), packs the buffer and calls
-``cuLaunchKernel`` (``cuLaunchKernelEx`` with the cluster size, for a variant that has clusters
-of more than one CTA).
+``_codegen``), so a call does no loops or parsing: it converts pointer arguments (ints pass
+through; tensors give ``data_ptr()``), packs the buffer and calls ``cuLaunchKernel``
+(``cuLaunchKernelEx`` with the cluster size, for a variant that has clusters of more than one
+CTA). A variant with tensor arguments first looks its tensors' pointers, shapes and strides up
+in its memo (``_memo``) and launches the buffer packed for them before: a repeated launch on
+the same tensors derives, encodes and packs nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ._abi import Arg
 from ._cuda import check, torch_stream_getter
 from ._expr import Expr
 from ._index import IndexEntry
+from ._memo import EMPTY, LaunchMemo
 from ._params import ParamLayout
 from ._tensor_maps import TensorMap
 from .errors import LaunchArgumentError
@@ -41,6 +44,43 @@ def __call__(self, {sig}*, stream=None):
     except Exception as exc:
         raise diagnose(({sig}), exc) from None
 {launch}"""
+
+# A variant with tensor arguments looks its input words up in its memo (``_memo``): a hit
+# launches the buffer packed for them before; a miss runs ``fill``, which derives and packs
+# every word into the memo's oldest slot.
+_MEMO_CALL = """\
+def __call__(self, {sig}*, stream=None):
+    try:
+        key = ({key})
+        hit = recall(key)
+        if hit is None:
+            hit = fill(key, {sig})
+    except Exception as exc:
+        raise diagnose(({sig}), exc) from None
+    if hit is EMPTY:
+        return
+{launch}"""
+_FILL = """\
+def fill(key, {sig}):
+{prelude}{args}    return store(key, ({gx}, {gy}, {gz}), ({values}))
+"""
+_MEMO_PLAIN = (
+    "    argv, gx, gy, gz = hit\n"
+    "    result = launch(func, gx, gy, gz, {bx}, {by}, {bz}, {smem}, stream, argv, 0)\n"
+)
+_MEMO_CLUSTER = (
+    "    argv, config, last = hit\n"
+    "    if last is not stream:\n"
+    "        config.hStream = hit[2] = stream\n"
+    "    result = launch_ex(config, func, argv, 0)\n"
+)
+_PACKED = """\
+def packed(self, {sig}):
+    try:
+{prelude}{args}        return pack_bytes({values})
+    except Exception as exc:
+        raise diagnose(({sig}), exc) from None
+"""
 
 # ``checked`` packs after its checks; a derived word that still cannot pack (one too wide for
 # its width, a division by zero) is reported like a plain call's.
@@ -93,7 +133,7 @@ class PreparedLaunch:
     when torch was imported before :meth:`Kernel.prepare`, else the stream given to
     ``prepare``, else the legacy default stream. An empty grid launches nothing.
 
-    Not thread-safe: calls share the parameter buffer (and a cluster launch's config, which
+    Not thread-safe: calls share the parameter buffers (and a cluster launch's config, which
     holds the grid and stream); threads that launch concurrently each prepare their own.
 
     The plain call trusts its arguments: use it on hot paths whose inputs are already known to
@@ -112,13 +152,13 @@ class PreparedLaunch:
         self._bind(entry, device, function, stream, namespace)
         type(self).__call__ = namespace["__call__"]
         type(self).checked = namespace["checked"]
+        type(self).packed = namespace["packed"]
         return self
 
     def _bind(
         self, entry: IndexEntry, device: int, function: Any, stream: Any, namespace: dict[str, Any]
     ) -> None:
-        from ._checks import UncheckedSizeWarning, checked_source, checked_sources
-        from ._codegen import Codegen, plain_sources
+        from ._checks import UncheckedSizeWarning
 
         self.entry = entry
         self.device = device
@@ -145,40 +185,10 @@ class PreparedLaunch:
         default_stream = self._stream_source(device, stream, env)
         if entry.static.cluster is not None:
             env["config"], env["launch_ex"] = _cluster_config(entry), cu.cuLaunchKernelEx
-
-        def tail(dims: list[str]) -> str:
-            """The lines from the grid to the driver call, for either generated function."""
-            varying = ["0"] if "0" in dims else [d for d in dims if not d.isdigit()]
-            call = (_PLAIN_CALL if entry.static.cluster is None else _CLUSTER_CALL).format(
-                gx=dims[0],
-                gy=dims[1],
-                gz=dims[2],
-                bx=entry.static.block[0],
-                by=entry.static.block[1],
-                bz=entry.static.block[2],
-                smem=entry.static.smem,
-            )
-            return _LAUNCH.format(
-                guard=f"    if not ({' and '.join(varying)}):\n        return\n" if varying else "",
-                default_stream=default_stream,
-                call=call,
-            )
-
-        inputs = entry.input_words
-        call = Codegen(entry, env, inputs, plain_sources(inputs))
-        values = [call.slot(s, i) for i, s in enumerate(slots)]
-        launch = tail([call.value(e) for e in entry.geometry.grid])
-        source = _CALL.format(
-            sig=call.signature,
-            prelude=call.prelude(),
-            values=", ".join(values),
-            args="    " + call.args_line if call.args_line else "",
-            launch=launch,
-        )
-        checks = Codegen(entry, env, inputs, checked_sources(inputs))
-        body, packed, dims = checked_source(entry, checks, device, slots)
-        source += body + _CHECKED_PACK.format(packed=packed, sig=checks.signature) + tail(dims)
+        source = _sources(entry, env, slots, default_stream, device, self.layout)
         exec(compile(source, f"<prepared launch {entry.family}>", "exec"), env, namespace)
+        if "fill" in namespace:  # the plain call finds it among its globals
+            env["fill"] = namespace["fill"]
         unsized = [a.name for a in self.args if a.is_pointer and a.shape is None]
         if unsized:
             import warnings
@@ -215,6 +225,11 @@ class PreparedLaunch:
         """Validate every argument against the variant's ABI and sizes, then launch."""
         raise NotImplementedError
 
+    def packed(self, *args: Any) -> bytes:  # replaced per instance class
+        """The kernel parameter bytes a plain call with ``args`` launches (tensor maps encoded
+        as it would encode them), without launching: for inspection and benchmarks."""
+        raise NotImplementedError
+
     def shapes(self, **scalars: int) -> dict[str, tuple[int, ...]]:
         """Every pointer argument's shape for these scalar arguments (see ``IndexEntry.shapes``)."""
         return self.entry.shapes(**scalars)
@@ -241,6 +256,83 @@ class PreparedLaunch:
         return LaunchArgumentError(
             self.name, "*", f"do not pack ({exc})", tuple(type(a).__name__ for a in args)
         )
+
+
+def _tail(entry: IndexEntry, dims: Sequence[str], default_stream: str) -> str:
+    """The lines from the grid guard to the driver call, for a call that packs ``buf``."""
+    varying = ["0"] if "0" in dims else [d for d in dims if not d.isdigit()]
+    block, smem = entry.static.block, entry.static.smem
+    call = (_PLAIN_CALL if entry.static.cluster is None else _CLUSTER_CALL).format(
+        gx=dims[0], gy=dims[1], gz=dims[2], bx=block[0], by=block[1], bz=block[2], smem=smem
+    )
+    return _LAUNCH.format(
+        guard=f"    if not ({' and '.join(varying)}):\n        return\n" if varying else "",
+        default_stream=default_stream,
+        call=call,
+    )
+
+
+def _sources(
+    entry: IndexEntry,
+    env: dict[str, Any],
+    slots: Sequence[Expr | TensorMap],
+    default_stream: str,
+    device: int,
+    layout: ParamLayout,
+) -> str:
+    """The source of the variant's ``__call__``, ``checked`` and ``packed`` (and the plain
+    call's ``fill``, for a variant with tensor arguments); binds what they read into ``env``."""
+    from ._checks import checked_source, checked_sources
+    from ._codegen import Codegen, plain_sources
+
+    inputs = entry.input_words
+    call = Codegen(entry, env, inputs, plain_sources(inputs))
+    values = ", ".join(call.slot(s, i) for i, s in enumerate(slots))
+    grid = [call.value(e) for e in entry.geometry.grid]
+    args = call.args_line
+    sig = call.signature
+    if any(a.is_tensor for a in entry.args):
+        config = None if entry.static.cluster is None else (lambda: _cluster_config(entry))
+        memo = LaunchMemo(layout.fmt, layout.offsets, config)
+        env.update(recall=memo.entries.get, store=memo.store, EMPTY=EMPTY)
+        block, smem = entry.static.block, entry.static.smem
+        launch = (_MEMO_PLAIN if entry.static.cluster is None else _MEMO_CLUSTER).format(
+            bx=block[0], by=block[1], bz=block[2], smem=smem
+        )
+        source = _MEMO_CALL.format(
+            sig=sig,
+            key=", ".join(call.key_parts()) + ",",
+            launch=_LAUNCH.format(guard="", default_stream=default_stream, call=launch),
+        )
+        source += _FILL.format(
+            sig=sig,
+            prelude=call.prelude("    "),
+            args=args,
+            gx=grid[0],
+            gy=grid[1],
+            gz=grid[2],
+            values=values + "," if values else "",
+        )
+    else:
+        source = _CALL.format(
+            sig=sig,
+            prelude=call.prelude(),
+            values=values,
+            args="    " + args if args else "",
+            launch=_tail(entry, grid, default_stream),
+        )
+    env["pack_bytes"] = struct.Struct(layout.fmt).pack
+    source += _PACKED.format(
+        sig=sig, prelude=call.prelude(), args="    " + args if args else "", values=values
+    )
+    checks = Codegen(entry, env, inputs, checked_sources(inputs))
+    body, packed, dims = checked_source(entry, checks, device, slots)
+    return (
+        source
+        + body
+        + _CHECKED_PACK.format(packed=packed, sig=checks.signature)
+        + _tail(entry, dims, default_stream)
+    )
 
 
 def _cluster_config(entry: IndexEntry) -> Any:

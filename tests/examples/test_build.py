@@ -91,7 +91,7 @@ def test_prepared_launch_packs_the_derived_words(examples_db: Path, driver) -> N
         launch(a, b, c)
         grid, block, smem, _, _ = driver.calls[-1]
         assert grid == (-(-37 // 4) * -(-300 // 128), 1, 1) and block == (128, 1, 1) and smem == 0
-        raw = struct.unpack_from(launch.layout.fmt, bytes(launch._buf))
+        raw = struct.unpack_from(launch.layout.fmt, driver.params(launch.layout))
         assert raw[:7] == (a.data_ptr(), 10, 3, 300, 1, 1200, 128)
         assert raw[7:14] == (b.data_ptr(), 10, 3, 1, 37, 4, 4736)
         assert raw[14:21] == (c.data_ptr(), 10, 3, 310, 1, 1240, 128) and raw[21:] == (10, 3, 37, 300)

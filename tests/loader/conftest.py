@@ -26,6 +26,11 @@ class RecordingDriver:
         pointers = ctypes.cast(address, ctypes.POINTER(ctypes.c_void_p))
         return [pointers[i] for i in range(count)]
 
+    def params(self, layout) -> bytes:
+        """The parameter buffer the last call launched (``layout``: its launch's ParamLayout)."""
+        first = self.argv(self.calls[-1][4], 1)[0]
+        return ctypes.string_at(first - layout.offsets[0], layout.size)
+
 
 @pytest.fixture
 def driver(monkeypatch: pytest.MonkeyPatch) -> RecordingDriver:

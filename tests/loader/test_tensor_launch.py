@@ -37,9 +37,9 @@ def test_tensor_words_pack_from_torch_and_views(driver) -> None:
     launch = PreparedLaunch(_entry([TENSOR], GEOMETRY), 0, None, 0)
     t = torch.zeros(6, 10)[:, :7]
     launch(t)
-    assert struct.unpack_from(launch.layout.fmt, bytes(launch._buf)) == (t.data_ptr(), 6, 7, 10)
+    assert struct.unpack_from(launch.layout.fmt, driver.params(launch.layout)) == (t.data_ptr(), 6, 7, 10)
     launch.checked(TensorView(1024, (3, 5), (8, 1)))
-    assert struct.unpack_from(launch.layout.fmt, bytes(launch._buf)) == (1024, 3, 5, 8)
+    assert struct.unpack_from(launch.layout.fmt, driver.params(launch.layout)) == (1024, 3, 5, 8)
     assert driver.calls[-1][0] == (3, 1, 1)
 
 
@@ -48,9 +48,9 @@ def test_a_recorded_word_that_needs_the_evaluator_packs_in_the_plain_call(driver
     launch_json = {**GEOMETRY, "params": [[8, 4, [[0, "i", "m"], [4, "i", "(m << n)"]]]]}
     launch = PreparedLaunch(_entry([TENSOR], launch_json), 0, None, 0)
     launch(TensorView(0, (3, 2), (4, 1)))
-    assert struct.unpack_from("<ii", bytes(launch._buf)) == (3, 12)
+    assert struct.unpack_from("<ii", driver.params(launch.layout)) == (3, 12)
     launch.checked(TensorView(0, (5, 1), (4, 1)))
-    assert struct.unpack_from("<ii", bytes(launch._buf)) == (5, 10)
+    assert struct.unpack_from("<ii", driver.params(launch.layout)) == (5, 10)
 
 
 def test_a_word_too_wide_for_its_slot_is_a_launch_argument_error(driver) -> None:
@@ -66,7 +66,7 @@ def test_u64_scalars_and_pointers_each_read_their_own_word(driver) -> None:
     args = [Arg("p", "ptr", "fp32", 16, "in", ("m",)), Arg("n", "u64"), Arg("m", "i32")]
     launch = PreparedLaunch(_entry(args, GEOMETRY), 0, None, 0)
     launch.checked(Buffer(1 << 32, 64), (1 << 64) - 1, 3)
-    assert struct.unpack_from(launch.layout.fmt, bytes(launch._buf)) == (1 << 32, (1 << 64) - 1, 3)
+    assert struct.unpack_from(launch.layout.fmt, driver.params(launch.layout)) == (1 << 32, (1 << 64) - 1, 3)
 
 
 def test_requirements_are_checked_in_order_and_name_the_symbols(driver) -> None:
