@@ -15,7 +15,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from b12x_aot.loader import DTYPES, Registry
+from b12x_aot.contract import DTYPES
+from b12x_aot.loader import Registry
 
 from ._device import current_device, decode_error, raw_stream
 from ._policy import ALGORITHMS, DTYPE_BYTES, TRANSPORTS, Policy, Settings

@@ -1,13 +1,14 @@
 """Errors raised by ``b12x_aot.comm``. Each says what failed, the bad value, and what to do next.
 
-Every class derives from :class:`CommError`, itself a :class:`~b12x_aot.loader.LoaderError`, so a
-serving process can catch one base for the loader and the communicator. Errors caused by what
-the caller passed are also ``ValueError``s.
+Every class derives from :class:`CommError`, itself a :class:`~b12x_aot.contract.B12xError`
+(the base of every b12x-aot error, the loader's too), so a serving process catches the loader's
+and the communicator's errors with one ``except B12xError``. Errors caused by what the caller
+passed are also ``ValueError``s.
 """
 
 from __future__ import annotations
 
-from b12x_aot.loader import LoaderError
+from b12x_aot.contract import B12xError
 
 __all__ = [
     "CapacityError",
@@ -23,7 +24,7 @@ __all__ = [
 ]
 
 
-class CommError(LoaderError):
+class CommError(B12xError):
     """Base class of every error the communicator runtime raises."""
 
 

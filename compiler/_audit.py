@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from b12x_aot.loader import IndexEntry, LoaderError, rehearse
+from b12x_aot.contract import B12xError
+from b12x_aot.loader import IndexEntry, rehearse
 from b12x_aot.registry import (
     BlobError,
     Fault,
@@ -97,7 +98,7 @@ def _launch_problem(row: VariantRow, recorded: tuple[str, str] | None) -> str | 
     entry = IndexEntry.of(row.variant, row.artifact_sha256, row.symbol, args, launch)
     try:
         rehearse(entry)
-    except LoaderError as exc:
+    except B12xError as exc:  # the loader's refusal, or the contract's (a malformed expression)
         return f"stored launch record: {exc}; rebuild the variant with b12x-compile"
     except (ValueError, TypeError, KeyError, IndexError) as exc:  # a record not in the loader's shape
         return f"stored launch record is malformed ({type(exc).__name__}: {exc}); rebuild the variant with b12x-compile"

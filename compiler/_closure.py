@@ -7,8 +7,8 @@ package of their own); the DSL and the stdlib are covered by the toolchain finge
 instead. The closure follows explicit imports. ``from package import name``, where the
 package's ``__init__`` only re-exports ``name`` from one of its own modules
 (``from ._geometry import Geometry``), follows the re-export to that module and leaves the
-``__init__`` out: a kernel that imports ``cdiv`` from ``b12x_aot.loader`` depends on the
-module that defines it, not on every module the loader exports. A name the ``__init__``
+``__init__`` out: a kernel that imports ``cdiv`` from ``b12x_aot.contract`` depends on the
+module that defines it, not on every module the contract exports. A name the ``__init__``
 defines itself keeps the ``__init__`` (and so its own imports) in the closure. A module that
 cannot be found or read is an error, since leaving it out would make the hash lie.
 """

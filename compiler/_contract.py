@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from b12x_aot.loader import Arg, KernelParam, ParamLayout, StaticGeometry
+from b12x_aot.contract import Arg, KernelParam, ParamLayout, StaticGeometry
 from b12x_aot.registry import SassHistogram
 
 from ._arch import ARCHS

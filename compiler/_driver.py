@@ -18,7 +18,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from b12x_aot.loader import Arg, Geometry, StaticGeometry, VariantId
+from b12x_aot.contract import Arg, Geometry, StaticGeometry, VariantId
 from b12x_aot.registry import KernelResources, SassHistogram
 
 from ._contract import check_contract, check_limits, undecided_limits

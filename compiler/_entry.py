@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from b12x_aot.loader import Arg, Geometry, StaticGeometry, input_words, symbol_bindings
+from b12x_aot.contract import Arg, Geometry, StaticGeometry, input_words, symbol_bindings
 
 from ._host_frame import HostInput
 from ._spec import Spec, entry_value

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from b12x_aot.loader import (
+from b12x_aot.contract import (
     Arg,
     Expr,
     ExpressionError,

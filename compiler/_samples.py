@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from b12x_aot.loader import Arg, Expr, InputWord
+from b12x_aot.contract import Arg, Expr, InputWord
 
 __all__ = ["sample_inputs"]
 

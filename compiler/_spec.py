@@ -15,13 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
-from b12x_aot.loader import (
-    ArgError,
-    Expr,
-    Geometry,
-    canonical_hash,
-    check_family,
-)
+from b12x_aot.contract import ArgError, Expr, Geometry, canonical_hash, check_family
 
 from ._arch import ARCHS
 from ._spec_args import ArgTemplate, check_arg, spec_symbols, tensor_template

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from b12x_aot.loader import DTYPES, Arg, ArgError, Expr, ExpressionError, tensor_fields
+from b12x_aot.contract import DTYPES, Arg, ArgError, Expr, ExpressionError, tensor_fields
 
 from ._spec_yaml import Faults
 

@@ -14,7 +14,7 @@ import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from b12x_aot.loader import Expr, ExpressionError
+from b12x_aot.contract import Expr, ExpressionError
 
 from ._spec_yaml import Faults
 

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from b12x_aot.loader import Expr, ExpressionError, short_repr
+from b12x_aot.contract import Expr, ExpressionError, short_repr
 from b12x_aot.registry import BoundedLoader, YamlLimitError, read_yaml, yaml_fault
 
 from .errors import SpecError, SpecFault

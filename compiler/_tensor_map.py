@@ -26,7 +26,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from b12x_aot.loader import MAP_ELEMENT_BYTES, Arg, InputWord, TensorMap
+from b12x_aot.contract import MAP_ELEMENT_BYTES, Arg, InputWord, TensorMap
 
 from ._host_launch import LaunchParam
 from ._samples import sample_inputs

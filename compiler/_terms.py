@@ -6,7 +6,7 @@ over the launch's input words (a tensor's pointer, shape and stride values, the 
 this module keeps them small while they are built: constants fold, identities drop out, and
 what is known about sizes (every input marked non-negative is) turns the DSL's ceiling
 division into ``cdiv``. A term renders to the expression language that the registry stores
-and the loader evaluates (``_expr``), and it evaluates directly over ints, for the planner's
+and the loader evaluates (``contract/_expr``), and it evaluates directly over ints, for the planner's
 checks of a spec's grid against the host function's.
 
 Signed division in LLVM truncates toward zero; it becomes ``tdiv``/``tmod`` unless the
@@ -20,7 +20,7 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from b12x_aot.loader import cdiv, tdiv, tmod
+from b12x_aot.contract import cdiv, tdiv, tmod
 
 __all__ = [
     "Term",

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from b12x_aot.loader import Arg, Expr, ExpressionError, StaticGeometry, VariantId, cdiv, tdiv, tmod
+from b12x_aot.contract import Arg, Expr, ExpressionError, StaticGeometry, VariantId, cdiv, tdiv, tmod
 
 from ._arch import ARCHS
 from ._spec import ARCH_NAME, Spec

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from b12x_aot.loader import B12xError
+from b12x_aot.contract import B12xError
 
 __all__ = [
     "ClosureError",

@@ -17,7 +17,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cutlass_dsl import BaseDSL
 
-from b12x_aot.loader import TRACED, Geometry, StaticGeometry
+from b12x_aot.contract import TRACED, Geometry, StaticGeometry
 
 __all__ = ["DSL_DTYPES", "DSL_SCALARS", "AotKernel", "dsl_dtype"]
 

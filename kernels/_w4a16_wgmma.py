@@ -24,7 +24,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
-from b12x_aot.loader import cdiv
+from b12x_aot.contract import cdiv
 
 from ._ptx import pack_b64, wgmma_rs
 from ._w4a16_dequant import int4_lane_pair, int4_pair, pair_selector, scale_pair, scaled

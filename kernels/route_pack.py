@@ -51,7 +51,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint32
 
-from b12x_aot.loader import cdiv
+from b12x_aot.contract import cdiv
 
 from ._base import AotKernel
 from ._ptx import red_shared_add_u32

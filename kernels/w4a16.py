@@ -85,7 +85,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint16, Uint32
 
-from b12x_aot.loader import cdiv
+from b12x_aot.contract import cdiv
 from b12x_aot.loader.w4a16_layout import ATOM_K, BAND, WEIGHT_LAYOUTS
 
 from ._base import AotKernel, dsl_dtype

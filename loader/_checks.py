@@ -27,12 +27,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from ._abi import DTYPES, SCALAR_KINDS, Arg
+from b12x_aot.contract import DTYPES, SCALAR_KINDS, Arg, Expr, InputWord, TensorMap
+
 from ._codegen import Codegen, word_sources
-from ._expr import Expr
 from ._index import IndexEntry
-from ._params import InputWord
-from ._tensor_maps import TensorMap
 from ._tensors import TensorChecks
 from .errors import LaunchArgumentError
 

@@ -8,7 +8,7 @@ literals, the expression grammar's own operators, and names bound in its environ
 tensor map's cache ``_m0`` and encoder ``_e0``, with the key ``_k0`` it binds): no text
 from a spec or a registry ever reaches it. An expression over params and input words becomes
 inline Python (``Expr.python``: params folded, each input word read where its argument holds
-it), or, where it cannot, a call of a closure that the whitelisted evaluator in ``_expr``
+it), or, where it cannot, a call of a closure that the whitelisted evaluator (``contract/_expr``)
 compiled, over the tuple ``A`` of every input word.
 """
 
@@ -17,11 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._expr import Expr, cdiv, tdiv, tmod
+from b12x_aot.contract import Expr, ExpressionError, InputWord, ParamLayout, TensorMap, cdiv, tdiv, tmod
+
 from ._index import IndexEntry
-from ._params import InputWord, ParamLayout
-from ._tensor_maps import MapEncoder, TensorMap
-from .errors import ExpressionError
+from ._tensor_maps import MapEncoder
 
 __all__ = ["Codegen", "plain_sources", "rehearse", "word_sources"]
 

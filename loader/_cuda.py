@@ -12,7 +12,8 @@ from typing import Any
 
 from cuda.bindings import driver as cu
 
-from ._keys import arch_of
+from b12x_aot.contract import arch_of
+
 from .errors import CudaError
 
 __all__ = [

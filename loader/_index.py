@@ -14,11 +14,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._abi import Arg
-from ._expr import Expr
-from ._geometry import Geometry, StaticGeometry
-from ._keys import VariantId, variant_label
-from ._params import InputWord, KernelParam, default_params, input_words, params_from_json, symbol_bindings
+from b12x_aot.contract import (
+    Arg,
+    Expr,
+    Geometry,
+    InputWord,
+    KernelParam,
+    StaticGeometry,
+    VariantId,
+    default_params,
+    input_words,
+    params_from_json,
+    symbol_bindings,
+    variant_label,
+)
+
 from .errors import IntegrityError, LaunchArgumentError, RegistryFormatError
 
 __all__ = ["READABLE_SCHEMA", "IndexEntry", "RegistryIndex", "blob_path", "schema_version_of"]
@@ -151,7 +161,7 @@ class IndexEntry:
 
     @property
     def input_words(self) -> tuple[InputWord, ...]:
-        """The words a call's arguments supply (see ``_params``)."""
+        """The words a call's arguments supply (see ``contract/_params``)."""
         return input_words(self.args, self.params)
 
     @property

@@ -21,13 +21,11 @@ from typing import Any
 
 from cuda.bindings import driver as cu
 
-from ._abi import Arg
+from b12x_aot.contract import Arg, Expr, ParamLayout, TensorMap
+
 from ._cuda import check, torch_stream_getter
-from ._expr import Expr
 from ._index import IndexEntry
 from ._memo import EMPTY, LaunchMemo
-from ._params import ParamLayout
-from ._tensor_maps import TensorMap
 from .errors import LaunchArgumentError
 
 # The code generators (``_codegen``, ``_checks``) load on the first prepare, not at import:

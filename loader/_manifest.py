@@ -20,7 +20,9 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from .errors import ManifestError, short_repr
+from b12x_aot.contract import short_repr
+
+from .errors import ManifestError
 
 __all__ = ["Manifest", "ParamRange", "Requirement"]
 

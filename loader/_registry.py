@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from cuda.bindings import driver as cu
 
+from b12x_aot.contract import StaticGeometry, VariantId, canonical_params, params_text, variant_key
+
 from ._cuda import check, current_device, device_arch, ensure_init, stream_is_capturing, torch_stream_getter
-from ._geometry import StaticGeometry
 from ._index import IndexEntry, RegistryIndex
-from ._keys import VariantId, canonical_params, params_text, variant_key
 from ._launch import PreparedLaunch
 from .errors import CaptureError, CudaError, Miss, RegistryClosedError, RequirementError, VariantMissError
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from b12x_aot.contract import Expr, symbol_bindings
+
 from ._codegen import Codegen
-from ._expr import Expr
 from ._index import IndexEntry
-from ._params import symbol_bindings
 from .errors import LaunchArgumentError
 
 __all__ = ["NOT_A_TENSOR", "TensorChecks", "TensorView", "is_tensor_like"]

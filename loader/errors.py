@@ -1,18 +1,21 @@
-"""Errors raised by the loader. Each says what failed, the bad value, and what to do next."""
+"""Errors raised by the loader. Each says what failed, the bad value, and what to do next.
+
+Every class derives from :class:`LoaderError`, itself a :class:`~b12x_aot.contract.B12xError`.
+A malformed expression or argument declaration in a registry's records raises the contract's
+own :class:`~b12x_aot.contract.ExpressionError` or :class:`~b12x_aot.contract.ArgError`: catch
+``B12xError`` to catch those with the loader's errors.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from ._keys import VariantId, params_text
+from b12x_aot.contract import B12xError, VariantId, params_text
 
 __all__ = [
-    "ArgError",
-    "B12xError",
     "CaptureError",
     "CudaError",
-    "ExpressionError",
     "IntegrityError",
     "LaunchArgumentError",
     "LoaderError",
@@ -21,65 +24,11 @@ __all__ = [
     "RegistryFormatError",
     "RequirementError",
     "VariantMissError",
-    "short_repr",
 ]
-
-
-def short_repr(value: object, limit: int = 160) -> str:
-    """``repr(value)`` with long strings and deep or long containers elided, at most about
-    ``limit`` characters: a message shows the bad value, never all of a huge one."""
-    import reprlib  # only on the error path
-
-    r = reprlib.Repr()
-    r.maxlevel, r.maxlist, r.maxtuple, r.maxdict, r.maxset = 3, 6, 6, 6, 6
-    r.maxother = r.maxlong = 60
-    r.maxstring = limit
-    text = r.repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-class B12xError(Exception):
-    """Base class of every error b12x-aot raises; each package's errors derive from it.
-
-    ``format_message()`` is the whole user-facing text; ``exit_code`` is what a CLI exits with
-    when this error ends a command (2 for bad input, 1 otherwise).
-    """
-
-    exit_code = 1
-
-    def format_message(self) -> str:
-        return str(self.args[0]) if self.args else type(self).__name__
-
-    def __str__(self) -> str:
-        return self.format_message()
 
 
 class LoaderError(B12xError):
     """Base class of every error the loader raises."""
-
-
-class ExpressionError(LoaderError, ValueError):
-    """An expression outside the whitelisted grammar, or one that cannot be evaluated."""
-
-    def __init__(self, source: str, reason: str) -> None:
-        super().__init__(source, reason)
-        self.source = source
-        self.reason = reason
-
-    def format_message(self) -> str:
-        return f"expression {short_repr(self.source, 400)}: {self.reason}"
-
-
-class ArgError(LoaderError, ValueError):
-    """A kernel argument declaration that breaks the launch contract (see ``Arg``)."""
-
-    def __init__(self, arg: str, field: str, reason: str) -> None:
-        super().__init__(arg, field, reason)
-        self.arg, self.field, self.reason = arg, field, reason
-
-    def format_message(self) -> str:
-        where = f".{self.field}" if self.field else ""
-        return f"argument {self.arg!r}{where}: {self.reason}"
 
 
 class ManifestError(LoaderError, ValueError):

@@ -26,7 +26,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from ._abi import DTYPES
+from b12x_aot.contract import DTYPES
+
 from ._launch import PreparedLaunch
 from ._registry import Registry
 from .errors import LaunchArgumentError

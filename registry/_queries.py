@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, null, select
 
-from b12x_aot.loader import VariantId
+from b12x_aot.contract import VariantId
 
 from ._blobs import BlobStore
 from ._liveness import seen_status

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from b12x_aot.loader import VariantId, canonical_hash
+from b12x_aot.contract import VariantId, canonical_hash
 
 __all__ = [
     "FailureRecord",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from b12x_aot.loader import params_text
+from b12x_aot.contract import params_text
 
 from ._audit import Change, DiffReport, Fault, StaleVariant
 from ._output import Column, Output

@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Table, delete, select, update
 
-from b12x_aot.loader import canonical_json
+from b12x_aot.contract import canonical_json
 
 from ._liveness import INTERRUPTED, seen_status
 from ._records import FailureRecord, Provenance, Toolchain, VariantRecord

@@ -6,7 +6,8 @@ expands it: nine levels of nine aliases are 387 million values. :class:`BoundedL
 what each node would expand to while the document is composed, aliases at their full size,
 and refuses a document past :data:`MAX_NODES` or nested past :data:`MAX_DEPTH`; the file
 itself is read only up to :data:`MAX_BYTES`. Every refusal is a :class:`YamlLimitError`, a
-``yaml.YAMLError`` with the line, so callers report it as they report a syntax error.
+``yaml.YAMLError`` (and a ``B12xError``) with the line, so callers report it as they report a
+syntax error.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from b12x_aot.contract import B12xError
 
 __all__ = [
     "MAX_BYTES",
@@ -31,14 +34,14 @@ MAX_NODES = 100_000  # values after alias expansion; a spec has a few thousand
 MAX_DEPTH = 64
 
 
-class YamlLimitError(yaml.YAMLError):
+class YamlLimitError(B12xError, yaml.YAMLError):
     """A YAML file past one of this module's bounds. ``line`` is 1-based, 0 for the file."""
 
     def __init__(self, line: int, problem: str) -> None:
         super().__init__(line, problem)
         self.line, self.problem = line, problem
 
-    def __str__(self) -> str:
+    def format_message(self) -> str:
         return self.problem
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from b12x_aot.loader import B12xError
+from b12x_aot.contract import B12xError
 
 __all__ = [
     "BlobDirError",

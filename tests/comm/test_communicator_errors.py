@@ -42,6 +42,7 @@ from b12x_aot.comm.layout import (
     PEERS_OFFSET,
     TIMEOUT_OFFSET,
 )
+from b12x_aot.contract import B12xError
 from b12x_aot.loader import LoaderError
 
 from .fake_communicator import VA, make, only_call
@@ -361,8 +362,8 @@ def test_decode_error() -> None:
     assert decode_error(ERROR_TIMEOUT | 1 << 24 | 7 << 16 | 63, 5) == (1, 7, 63, 5)
 
 
-def test_errors_share_the_loader_base() -> None:
-    assert issubclass(CommError, LoaderError)
+def test_errors_share_the_project_base_not_the_loaders() -> None:
+    assert issubclass(CommError, B12xError) and not issubclass(CommError, LoaderError)
     assert issubclass(CapacityError, ValueError) and issubclass(CapacityError, CommError)
     assert not issubclass(CommTimeoutError, ValueError)
 

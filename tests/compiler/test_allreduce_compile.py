@@ -115,8 +115,8 @@ def test_sass_has_system_scope_barriers_and_no_spills(allreduce_registry: Path) 
 
 
 def test_kernel_rejects_bad_params() -> None:
+    from b12x_aot.contract import Geometry
     from b12x_aot.kernels.allreduce import AllReduce
-    from b12x_aot.loader import Geometry
 
     geometry = Geometry.parse(
         ["min(blocks, max(cdiv(num_elements, 8 * cta_threads), 1))", 1, 1], ["cta_threads", 1, 1]

@@ -13,7 +13,7 @@ import pytest
 from b12x_aot.compiler import _terms as t
 from b12x_aot.compiler._llvm_layout import type_layout
 from b12x_aot.compiler.errors import ContractError
-from b12x_aot.loader import Arg, Expr, ParamLayout, default_params, tdiv, tmod
+from b12x_aot.contract import Arg, Expr, ParamLayout, default_params, tdiv, tmod
 
 from ..conftest import TOPK_SMALL, run_compile, write_spec
 

@@ -73,8 +73,8 @@ def test_sass_is_vectorised_and_spill_free(mxfp8_registry: Path) -> None:
 
 
 def test_kernel_rejects_bad_params() -> None:
+    from b12x_aot.contract import Geometry
     from b12x_aot.kernels.mxfp8 import Mxfp8Quant
-    from b12x_aot.loader import Geometry
 
     geometry = Geometry.parse(["cdiv(num_rows * (K // 32), cta_threads)", 1, 1], ["cta_threads", 1, 1])
     good = {"dtype": "bf16", "K": 2048, "rounding": "floor", "cta_threads": 128}

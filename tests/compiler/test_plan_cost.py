@@ -86,7 +86,7 @@ def test_constraints_decide_alike_inline_or_through_the_evaluator(
 
 
 def test_string_literals_are_inlined_only_as_compared(tmp_path: Path) -> None:
-    from b12x_aot.loader import Expr
+    from b12x_aot.contract import Expr
 
     sources = {"e": "A[1]", "p": "A[2]"}
     strings = frozenset({"e"})

@@ -9,7 +9,7 @@ import pytest
 from b12x_aot.compiler._spec import load_spec
 from b12x_aot.compiler._spec_args import layout_strides
 from b12x_aot.compiler.errors import SpecError
-from b12x_aot.loader import Expr, Geometry
+from b12x_aot.contract import Expr, Geometry
 
 from ..conftest import ROOT, TOPK_SMALL, write_spec
 

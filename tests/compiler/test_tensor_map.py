@@ -11,7 +11,7 @@ from b12x_aot.compiler._llvm_layout import type_layout
 from b12x_aot.compiler._tensor_map import MAP_TYPE, _fields, _words, read_tensor_map
 from b12x_aot.compiler._terms import const, leaf, op
 from b12x_aot.compiler.errors import ContractError
-from b12x_aot.loader import Arg, TensorMap, input_words
+from b12x_aot.contract import Arg, TensorMap, input_words
 
 A = Arg("a", "tensor", "bf16", 16, "in", ("m", "k"), ("lda", "1"), (0, 1), (0,), (("lda", 8),))
 FIELDS = {

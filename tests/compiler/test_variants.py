@@ -9,7 +9,7 @@ import pytest
 from b12x_aot.compiler._spec import load_spec
 from b12x_aot.compiler._variants import expand, parse_where
 from b12x_aot.compiler.errors import SpecError
-from b12x_aot.loader import ExpressionError, variant_key
+from b12x_aot.contract import ExpressionError, variant_key
 
 from ..conftest import SPECS, TOPK_SMALL, write_spec
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from b12x_aot.loader import LaunchArgumentError, PreparedLaunch, Registry, TensorMap, TensorView
+from b12x_aot.contract import TensorMap
+from b12x_aot.loader import LaunchArgumentError, PreparedLaunch, Registry, TensorView
 
 from ..conftest import registry_cli, run_compile, write_spec
 from .conftest import EXAMPLES, examples_env

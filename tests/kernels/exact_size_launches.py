@@ -19,7 +19,8 @@ import sys
 
 import torch
 
-from b12x_aot.loader import DTYPES, Registry
+from b12x_aot.contract import DTYPES
+from b12x_aot.loader import Registry
 
 ADVERSARIAL = (-1, -(2**31), 2**30)
 

@@ -19,15 +19,8 @@ from typing import Any
 import pytest
 
 from b12x_aot.compiler import expand, load_spec
-from b12x_aot.loader import (
-    DTYPES,
-    Buffer,
-    IndexEntry,
-    LaunchArgumentError,
-    PreparedLaunch,
-    UncheckedSizeWarning,
-    canonical_json,
-)
+from b12x_aot.contract import DTYPES, canonical_json
+from b12x_aot.loader import Buffer, IndexEntry, LaunchArgumentError, PreparedLaunch, UncheckedSizeWarning
 
 from ..conftest import SPECS
 from .conftest import RecordingClusterDriver, RecordingDriver

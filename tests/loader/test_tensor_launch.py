@@ -8,7 +8,8 @@ import struct
 
 import pytest
 
-from b12x_aot.loader import Arg, Buffer, LaunchArgumentError, PreparedLaunch, TensorView
+from b12x_aot.contract import Arg
+from b12x_aot.loader import Buffer, LaunchArgumentError, PreparedLaunch, TensorView
 from b12x_aot.loader._index import IndexEntry
 
 

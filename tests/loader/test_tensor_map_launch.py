@@ -9,7 +9,8 @@ import struct
 
 import pytest
 
-from b12x_aot.loader import Arg, LaunchArgumentError, PreparedLaunch, TensorMap, TensorView
+from b12x_aot.contract import Arg, TensorMap
+from b12x_aot.loader import LaunchArgumentError, PreparedLaunch, TensorView
 
 from .conftest import RecordingEncoder
 from .test_tensor_launch import _entry

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from b12x_aot.loader import VariantId
+from b12x_aot.contract import VariantId
 from b12x_aot.registry import (
     FailureRecord,
     KernelResources,

@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from b12x_aot.loader import VariantId
+from b12x_aot.contract import VariantId
 
 from .conftest import TOOLCHAIN, FakeRegistry, failure, record, variant
 

@@ -131,7 +131,7 @@ class Arg(_ArgFields):
     ``dynamic`` extents and ``dynamic_stride`` strides, passed as ``shape_bits`` and
     ``stride_bits`` words after its pointer; the other modes are compiled in. An entry that
     is a bare name neither param nor scalar is a *symbol*, bound from the first tensor mode
-    that names it (see ``_inputs``); ``divisibility`` says which symbols the kernel may assume
+    that names it (see ``_params``); ``divisibility`` says which symbols the kernel may assume
     are multiples of what.
 
     Construction validates every field and raises :class:`ArgError` naming the bad one: this

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from b12x_aot.loader import variant_key
+from b12x_aot.contract import variant_key
 
 BASE = {
     "family": "moe.topk_sum",
@@ -55,7 +55,7 @@ def test_param_order_does_not_matter() -> None:
 
 def test_environment_paths_and_cwd_do_not_matter(tmp_path) -> None:
     code = (
-        "from b12x_aot.loader import variant_key;"
+        "from b12x_aot.contract import variant_key;"
         "print(variant_key(family='moe.topk_sum', abi=1, arch='sm_90a', params="
         "{'element': 'bf16', 'output': 'fp32', 'topk': 8, 'hidden': 7168, 'cta_threads': 128}))"
     )

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from b12x_aot.loader import Expr, ExpressionError
-from b12x_aot.loader import _ops as ops
+from b12x_aot.contract import Expr, ExpressionError
+from b12x_aot.contract import _ops as ops
 
 HUGE = [
     ("'a' * (1 << 30)", "would make a string or tuple of 1,073,741,824 items"),

@@ -4,7 +4,7 @@ import struct
 
 import pytest
 
-from b12x_aot.loader import Arg, ParamLayout, default_params
+from b12x_aot.contract import Arg, ParamLayout, default_params
 
 
 def test_natural_alignment_and_padding() -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from b12x_aot.loader import Expr, ExpressionError, Geometry, cdiv
+from b12x_aot.contract import Expr, ExpressionError, Geometry, cdiv
 
 
 @pytest.mark.parametrize(
