@@ -189,6 +189,27 @@ class RoutePack(AotKernel):
         seg = (s1 - s0 + self.warps - 1) // self.warps
         begin = cutlass.min(s0 + warp * seg, s1)
         end = cutlass.min(begin + seg, s1)
+        self.count_segment(ids, begin, end, live, hist, warp, lane)
+        self.count_range(ids, Int32(0), s0, live, before.iterator.toint(), tid)
+        self.count_range(ids, s1, routes, live, after.iterator.toint(), tid)
+        cute.arch.sync_threads()
+
+        self.segment_offsets(hist, before, after, count, tid)
+        cute.arch.sync_threads()
+        if warp == 0:
+            self.scan_blocks(count, first_block, out, routes, cta, lane)
+        cute.arch.sync_threads()
+        self.place_buckets(hist, count, first_block, out, rows_base, cta, ctas, tid)
+        cute.arch.sync_threads()
+        self.scatter_segment(ids, begin, end, live, hist, out, rows_base, warp, lane)
+
+    @cute.jit
+    def count_segment(
+        self, ids: cute.Tensor, begin: Int32, end: Int32, live: Int32, hist, warp: Int32, lane: Int32
+    ):
+        """Pass 1: warp ``warp``'s routes ``[begin, end)`` into its histogram row, 32 at a time:
+        ``match.any`` groups a round's equal buckets and its lowest lane adds their count (no
+        atomics: the counts are exact per segment)."""
         for base in range(begin, end, 32 * UNROLL):
             ahead = [self.bucket_of(ids, base + 32 * u + lane, end, live) for u in range(UNROLL)]
             for u in cutlass.range_constexpr(UNROLL):
@@ -199,48 +220,53 @@ class RoutePack(AotKernel):
                     if base + 32 * u + lane < end and lower == Uint32(0):
                         hist[warp, b] = hist[warp, b] + Int32(cute.arch.popc(peers))
                     cute.arch.sync_warp()
-        self.count_range(ids, Int32(0), s0, live, before.iterator.toint(), tid)
-        self.count_range(ids, s1, routes, live, after.iterator.toint(), tid)
-        cute.arch.sync_threads()
 
-        # Per bucket: the total, and each segment's offset inside the bucket (the routes before
-        # the slice, then the segments before it).
-        for b in range(tid, nb, self.cta_threads):
+    @cute.jit
+    def segment_offsets(self, hist, before, after, count, tid: Int32):
+        """Per bucket: the total, and each segment's offset inside the bucket (the routes before
+        the slice, then the segments before it)."""
+        for b in range(tid, self.buckets, self.cta_threads):
             total = before[b]
             for w in cutlass.range_constexpr(self.warps):
                 c = hist[w, b]
                 hist[w, b] = total
                 total = total + c
             count[b] = total + after[b]
-        cute.arch.sync_threads()
 
-        # Warp 0 scans blocks per bucket: lane l owns buckets [l * per_lane, (l + 1) * per_lane).
-        if warp == 0:
-            local = Int32(0)
-            for i in cutlass.range_constexpr(self.per_lane):
-                b = lane * self.per_lane + i
-                if b < nb:
-                    local = local + (count[b] + bm - 1) // bm
-            inclusive = local
-            for d in cutlass.range_constexpr(5):
-                up = cute.arch.shuffle_sync_up(inclusive, 1 << d)
-                if lane >= (1 << d):
-                    inclusive = inclusive + up
-            start = inclusive - local
-            for i in cutlass.range_constexpr(self.per_lane):
-                b = lane * self.per_lane + i
-                if b < nb:
-                    first_block[b] = start
-                    start = start + (count[b] + bm - 1) // bm
-            if cta == 0 and lane == 31:
-                out[0] = inclusive
-                out[1] = routes - count[nb - 1]
-                out[2] = count[nb - 1]
-                out[3] = 0
-        cute.arch.sync_threads()
+    @cute.jit
+    def scan_blocks(self, count, first_block, out, routes: Int32, cta: Int32, lane: Int32):
+        """Warp 0 scans blocks per bucket: lane ``l`` owns buckets ``[l * per_lane, (l + 1) *
+        per_lane)``; CTA 0's lane 31 writes the header."""
+        nb, bm = self.buckets, self.block_m
+        local = Int32(0)
+        for i in cutlass.range_constexpr(self.per_lane):
+            b = lane * self.per_lane + i
+            if b < nb:
+                local = local + (count[b] + bm - 1) // bm
+        inclusive = local
+        for d in cutlass.range_constexpr(5):
+            up = cute.arch.shuffle_sync_up(inclusive, 1 << d)
+            if lane >= (1 << d):
+                inclusive = inclusive + up
+        start = inclusive - local
+        for i in cutlass.range_constexpr(self.per_lane):
+            b = lane * self.per_lane + i
+            if b < nb:
+                first_block[b] = start
+                start = start + (count[b] + bm - 1) // bm
+        if cta == 0 and lane == 31:
+            out[0] = inclusive
+            out[1] = routes - count[nb - 1]
+            out[2] = count[nb - 1]
+            out[3] = 0
 
-        # Per bucket: absolute cursors; and for this CTA's buckets (b % CTAs == CTA), the
-        # block -> expert entries and, when there are several CTAs, the padding rows.
+    @cute.jit
+    def place_buckets(
+        self, hist, count, first_block, out, rows_base: Int32, cta: Int32, ctas: Int32, tid: Int32
+    ):
+        """Per bucket: absolute cursors; and for this CTA's buckets (b % CTAs == CTA), the
+        block -> expert entries and, when there are several CTAs, the padding rows."""
+        nb, bm = self.buckets, self.block_m
         for b in range(tid, nb, self.cta_threads):
             first = first_block[b]
             row0 = first * bm
@@ -266,10 +292,13 @@ class RoutePack(AotKernel):
             used = first_block[nb - 1] + (count[nb - 1] + bm - 1) // bm  # = scratch[0]
             for i in range(tid, used * bm, self.cta_threads):
                 out[rows_base + i] = -1
-        cute.arch.sync_threads()
 
-        # Pass 2: the same segments again; each route lands at its cursor plus its rank among
-        # the lower lanes of its bucket, so buckets keep ascending route order.
+    @cute.jit
+    def scatter_segment(
+        self, ids: cute.Tensor, begin: Int32, end: Int32, live: Int32, hist, out, rows_base: Int32, warp, lane
+    ):
+        """Pass 2: the same segments again; each route lands at its cursor plus its rank among
+        the lower lanes of its bucket, so buckets keep ascending route order."""
         for base in range(begin, end, 32 * UNROLL):
             ahead = [self.bucket_of(ids, base + 32 * u + lane, end, live) for u in range(UNROLL)]
             for u in cutlass.range_constexpr(UNROLL):

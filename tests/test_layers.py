@@ -30,8 +30,13 @@ ENTRY_POINTS = ("cli.py", "__main__.py", "launch.py")
 
 def _modules() -> Iterator[tuple[str, Path]]:
     for package in ALLOWED:
-        for path in sorted((ROOT / package).glob("*.py")):
+        for path in sorted((ROOT / package).rglob("*.py")):  # subpackages too
             yield package, path
+
+
+def _name(path: Path) -> str:
+    """The import name of a library module (a package's ``__init__`` keeps that name)."""
+    return ".".join(("b12x_aot", *path.relative_to(ROOT).with_suffix("").parts))
 
 
 def _imports(path: Path, package: str, *, top_level_only: bool = False) -> Iterator[tuple[int, str]]:
@@ -43,7 +48,8 @@ def _imports(path: Path, package: str, *, top_level_only: bool = False) -> Itera
             for alias in node.names:
                 yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom):
-            base = f"b12x_aot.{package}" if node.level else ""
+            here = _name(path).split(".")[:-1] if node.level else []  # the module's package
+            base = ".".join(here[: len(here) - node.level + 1])
             module = ".".join(p for p in (base, node.module or "") if p)
             yield node.lineno, module
             for alias in node.names:  # "from . import _manifest" names a module
@@ -90,15 +96,16 @@ def test_the_rule_catches_what_it_should(tmp_path: Path) -> None:
 
 
 def _graph() -> dict[str, set[str]]:
-    names = {f"b12x_aot.{package}.{path.stem}": (package, path) for package, path in _modules()}
+    names = {_name(path): (package, path) for package, path in _modules()}
     graph: dict[str, set[str]] = {}
     for name, (package, path) in names.items():
         deps = set()
         for _, module in _imports(path, package, top_level_only=True):
+            init = f"{module.removesuffix('.__init__')}.__init__"  # a package: its __init__
             if module in names and module != name:
                 deps.add(module)
-            elif module == f"b12x_aot.{package}" or module.endswith(".__init__"):
-                deps.add(f"b12x_aot.{package}.__init__")
+            elif init in names and init != name and init.startswith(f"b12x_aot.{package}."):
+                deps.add(init)
         graph[name] = deps
     return graph
 

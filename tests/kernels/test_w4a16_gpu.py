@@ -59,7 +59,7 @@ def _twin_outputs(gpu_registry, device_arch: str, pairs, tokens, gen, adapt=None
 
 
 def _exact_operands(p: dict) -> bool:
-    """Decode tiles scale fp32 partial sums of exact int4 products (kernels/w4a16.py)."""
+    """Decode tiles scale fp32 partial sums of exact int4 products (W4A16Params.fp32_scale)."""
     return p["block_m"] == 16 and p["group"] % p["tile_k"] == 0
 
 

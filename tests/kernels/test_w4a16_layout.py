@@ -9,31 +9,29 @@ import pytest
 
 pytest.importorskip("cutlass")
 
-from b12x_aot.kernels._w4a16_mma import MmaSyncMainloop
+from b12x_aot.kernels.w4a16._layout import RingLayout
 
 STAGES, BLOCK_M = 3, 16
 
 
-def layout(tile_k: int, swapped: bool = False) -> MmaSyncMainloop:
+def layout(tile_k: int, swapped: bool = False) -> RingLayout:
     """The decode tile's activation layout; ``swapped``: an n64k128 tile's (tokens are B)."""
-    tile = MmaSyncMainloop()
-    tile.tk, tile.bm, tile.swapped = tile_k, BLOCK_M, swapped
-    return tile
+    return RingLayout(block_m=BLOCK_M, tile_n=128, tile_k=tile_k, swapped=swapped)
 
 
-def written(tile: MmaSyncMainloop, where, what) -> dict:
+def written(tile: RingLayout, where, what) -> dict:
     """Ring word -> what the writer put there, for word ``w`` of piece ``q`` (k ``[8q, 8q +
     8)``) of row ``r`` in slot ``slot`` stored at ``where(slot, r, q, w)``, described by
     ``what(slot, r, q, w)``; every word of the ring exactly once."""
     stored = {}
     for slot in range(STAGES):
         for r in range(BLOCK_M):
-            for q in range(tile.tk // 8):
+            for q in range(tile.tile_k // 8):
                 for w in range(4):
                     word = where(slot, r, q, w)
                     assert word not in stored, (slot, r, q, w)
                     stored[word] = what(slot, r, q, w)
-    assert sorted(stored) == list(range(STAGES * BLOCK_M * tile.tk // 2))  # the whole ring, once
+    assert sorted(stored) == list(range(STAGES * BLOCK_M * tile.tile_k // 2))  # the whole ring, once
     return stored
 
 

@@ -1,5 +1,5 @@
 """The moe.w4a16 weight byte orders, on the CPU: the 16-byte unit the kernel's copy reads for
-(row, k-chunk) of a tile (``W4A16.w_chunk``) holds, in what ``w4a16_weights`` makes, the int4
+(row, k-chunk) of a tile (``WeightOrder.unit``) holds, in what ``w4a16_weights`` makes, the int4
 of that row and chunk in the plain ``[E, n, k / 2]`` rows, for every tile of every expert; and
 in n64k128's lane order, each MMA lane's 8 bytes give it its natural (k, k + 1) operand pairs
 the way the kernel's ``int4_lane_pair`` takes them."""
@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 
 import torch
 
-from b12x_aot.kernels.w4a16 import W4A16
+from b12x_aot.kernels.w4a16._layout import WeightOrder, pass_splits_bands
 from b12x_aot.loader.errors import LaunchArgumentError
 from b12x_aot.loader.torch_ops import w4a16_weights
 from b12x_aot.loader.w4a16_layout import CHUNK_K, LANE_ORDER, WEIGHT_LAYOUTS
@@ -31,12 +31,6 @@ def in_lane_order(chunk: torch.Tensor) -> torch.Tensor:
     return lanes
 
 
-def reader(k: int, w_layout: str) -> W4A16:
-    tile = W4A16.__new__(W4A16)  # only the address math: no spec, no compile
-    tile.k, tile.atoms = k, w_layout == "n64k128"
-    return tile
-
-
 @pytest.mark.parametrize("w_layout", WEIGHT_LAYOUTS)
 @pytest.mark.parametrize(("n", "k", "tile_n"), [(128, 256, 64), (256, 384, 128), (384, 128, 128)])
 def test_each_unit_the_kernel_reads_holds_its_row_and_chunk(
@@ -48,7 +42,7 @@ def test_each_unit_the_kernel_reads_holds_its_row_and_chunk(
     laid = w4a16_weights(rows, w_layout)
     assert laid.shape == rows.shape and laid.dtype == torch.uint8
     units = laid.reshape(-1, 16)  # the kernel's view: 16-byte units of the whole tensor
-    tile = reader(k, w_layout)
+    order = WeightOrder(k=k, w_layout=w_layout)
     k32 = k // 32
     read = set()
     for e in range(experts):
@@ -56,7 +50,7 @@ def test_each_unit_the_kernel_reads_holds_its_row_and_chunk(
             first = (e * n + nt * tile_n) * k32  # the tile's first unit, as the kernel computes it
             for row in range(tile_n):
                 for chunk in range(k32):
-                    unit = first + tile.w_chunk(row, chunk)
+                    unit = first + order.unit(row, chunk)
                     want = rows[e, nt * tile_n + row, 16 * chunk : 16 * chunk + 16]
                     if w_layout == "n64k128":  # the unit is half of a 64-k chunk in lane order
                         whole = rows[e, nt * tile_n + row, 32 * (chunk // 2) : 32 * (chunk // 2) + 32]
@@ -73,19 +67,17 @@ def test_each_unit_the_kernel_reads_holds_its_row_and_chunk(
 
 @pytest.mark.parametrize("w_layout", WEIGHT_LAYOUTS)
 def test_a_copy_pass_offset_is_one_constant_unless_the_kernel_refuses_the_pass(w_layout: str) -> None:
-    # The copy adds w_chunk(i * rows, 0) to pass 0's address w_chunk(n0, chunk) (n0 < rows): exact
-    # for passes of whole or dividing bands; W4A16 refuses the params that give other passes.
-    tile = reader(512, w_layout)
-    tile.qw = 4
-    for rows in (8, 16, 24, 32, 48, 64, 96, 128):
-        tile.copiers = rows * tile.qw  # the threads that copy (a k-part's, or the copy warps)
+    # The copy adds unit(i * rows, 0) to pass 0's address unit(n0, chunk) (n0 < rows): exact for
+    # passes of whole or dividing bands; W4A16Params refuses the params that give other passes.
+    order = WeightOrder(k=512, w_layout=w_layout)
+    for rows in (8, 16, 24, 32, 48, 64, 96, 128):  # copying threads // (tile_k // 32)
         exact = all(
-            tile.w_chunk(n0 + i * rows, c) == tile.w_chunk(n0, c) + tile.w_chunk(i * rows, 0)
+            order.unit(n0 + i * rows, c) == order.unit(n0, c) + order.unit(i * rows, 0)
             for n0 in range(rows)
             for i in range(256 // rows)
             for c in range(16)
         )
-        refused = tile.atoms and tile._pass_splits_bands()
+        refused = w_layout == "n64k128" and pass_splits_bands(rows)
         assert exact != refused, (w_layout, rows)
 
 
@@ -107,12 +99,12 @@ def test_n64k128_lane_pieces_hold_each_lanes_natural_mma_pairs() -> None:
     gen = torch.Generator().manual_seed(7)
     rows = torch.randint(0, 256, (2, 64, 128), dtype=torch.uint8, generator=gen)  # k = 256
     laid = w4a16_weights(rows, "n64k128")
-    tile = reader(256, "n64k128")
+    order = WeightOrder(k=256, w_layout="n64k128")
     units = laid.reshape(-1, 16)
     plain = nibbles(rows)
     for e_, row, chunk in ((0, 0, 0), (1, 37, 3), (1, 63, 6)):
         k64 = chunk // 2  # the 64-k chunk; its two 16-byte units are k32 chunks 2 k64, 2 k64 + 1
-        piece = torch.cat([units[e_ * 64 * 8 + tile.w_chunk(row, 2 * k64 + h)] for h in (0, 1)])
+        piece = torch.cat([units[e_ * 64 * 8 + order.unit(row, 2 * k64 + h)] for h in (0, 1)])
         for c in range(4):
             words = [
                 int.from_bytes(bytes(piece[8 * c + 4 * w : 8 * c + 4 * w + 4].tolist()), "little")

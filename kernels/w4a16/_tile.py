@@ -13,7 +13,7 @@ __all__ = ["OutTile"]
 class OutTile(NamedTuple):
     """The output tile one CTA computes: ``out`` as vectors, the route pack's scratch ``sc``,
     the scratch word of the block's first row (``rows``), the rows of that row list the CTA
-    computes (``reach``, see :meth:`~.w4a16.W4A16.rows_reached`) and the n tile."""
+    computes (``reach``, see :meth:`~b12x_aot.kernels.w4a16.W4A16.rows_reached`) and the n tile."""
 
     m_out: Any
     sc: Any

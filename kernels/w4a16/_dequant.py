@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from cutlass import Int32, Uint32
 
-from ._ptx import asm_u32, prmt
+from .._ptx import asm_u32, prmt
 
 __all__ = [
     "NIBBLES",
@@ -36,7 +36,6 @@ NIBBLES = 0x000F000F  # bits 0-3 and 16-19: a nibble in the low bits of each hal
 # the packed pair (1, 1) and the packed pair -(magic + 8), so (x * 1) + bias = q exactly.
 _MAGIC = {"bf16": (0x43084308, 0x3F803F80, 0xC308C308), "fp16": (0x64086408, 0x3C003C00, 0xE408E408)}
 _FMA = {"bf16": "fma.rn.bf16x2", "fp16": "fma.rn.f16x2"}
-DTYPES = tuple(_MAGIC)
 
 
 def pair_selector(byte):
