@@ -20,6 +20,7 @@ from b12x_aot.contract import ArgError, Expr, Geometry, canonical_hash, check_fa
 from ._arch import ARCHS
 from ._spec_args import ArgTemplate, check_arg, spec_symbols, tensor_template
 from ._spec_check import check_expressions
+from ._spec_tables import read_tables, table_constraint
 from ._spec_yaml import Faults, compose, pydantic_faults, read_text
 from .errors import SpecError, SpecFault
 
@@ -80,6 +81,11 @@ class _LimitsModel(_Strict):
     async_wgmma: StrictBool = False
 
 
+class _TableModel(_Strict):
+    file: StrictStr  # relative to the spec
+    columns: list[StrictStr] = Field(min_length=1)
+
+
 class _SpecModel(_Strict):
     family: StrictStr
     abi: StrictInt = Field(ge=1)
@@ -88,6 +94,7 @@ class _SpecModel(_Strict):
     archs: list[StrictStr] = Field(min_length=1)
     params: dict[StrictStr, list[Scalar]] = Field(min_length=1)
     constraints: list[StrictStr] = []
+    tables: dict[StrictStr, _TableModel] = {}  # named param tuples the constraints read (_spec_tables)
     args: list[_ArgModel] = Field(min_length=1)
     launch: _LaunchModel = _LaunchModel()
     limits: _LimitsModel = _LimitsModel()
@@ -202,7 +209,7 @@ def entry_value(value: EntryValue, params: Mapping[str, Any], functions: Mapping
 
 
 def _validate(
-    model: _SpecModel, faults: Faults
+    model: _SpecModel, faults: Faults, tables: Mapping[str, Expr]
 ) -> tuple[tuple[ArgTemplate, ...], Geometry | None, list[Expr]]:
     try:
         check_family(model.family)
@@ -233,7 +240,8 @@ def _validate(
     constraints = [
         e
         for i, c in enumerate(model.constraints)
-        if (e := faults.expr(("constraints", i), c, [*params, ARCH_NAME]))
+        # a table that could not be read is a fault already: naming it is none of its own
+        if (e := table_constraint(faults, ("constraints", i), c, [*params, ARCH_NAME, *model.tables], tables))
     ]
     runtime = [a.name for a in templates if a.kind not in ("ptr", "tensor")] + list(
         spec_symbols(templates, params)
@@ -401,7 +409,9 @@ def load_spec(path: str | Path) -> Spec:
     except ValidationError as exc:
         pydantic_faults(exc, faults)
         raise SpecError(path, faults.items) from None
-    args, geometry, constraints = _validate(model, faults)
+    tables = {name: (t.file, tuple(t.columns)) for name, t in model.tables.items()}
+    literals = read_tables(path, tables, model.params, [ARCH_NAME], faults)
+    args, geometry, constraints = _validate(model, faults, literals)
     params = list(model.params)
     init = _entry_values("init", model.init, params, faults) if model.init is not None else None
     constexpr = _entry_values("constexpr", model.constexpr, params, faults)
