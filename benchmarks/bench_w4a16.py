@@ -39,7 +39,7 @@ in its ``w_layout`` (``w4a16_weights``), the same weights.
 Registers, spills and shared memory of each variant come from the registry file (sqlite3).
 Timings are medians of CUDA-event intervals (`_timing.device_ms`, which keeps the GPU busy
 while the host launches, so no launch time is counted). Imports: the stdlib, torch,
-b12x_aot.loader and the benchmarks' `_timing`.
+b12x_aot.loader, b12x_aot.ops and the benchmarks' `_timing`.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import torch
 
 from b12x_aot.loader import Registry
-from b12x_aot.loader.torch_ops import w4a16_weights
+from b12x_aot.ops import w4a16_weights
 
 from _timing import copy_gbps, device_ms, emit, graph_us
 

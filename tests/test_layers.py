@@ -24,6 +24,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "kernels": frozenset({"loader", "comm"}),
     "compiler": frozenset({"loader", "registry", "kernels"}),
     "contract": frozenset(),  # imports nothing of b12x_aot; every package may import it
+    "ops": frozenset({"loader", "comm"}),  # the torch ops; nothing imports them
 }
 ENTRY_POINTS = ("cli.py", "__main__.py", "launch.py")
 

@@ -218,14 +218,17 @@ def test_spec_smem_grid_and_scratch_agree() -> None:
         assert sizes == sorted(sizes)
 
 
-def test_the_torch_ops_tiles_are_ones_the_spec_builds() -> None:
-    # MoeW4A16Op.TILES names tiles by hand: each must be a tile of the bundled spec, and every
-    # regime must find one for each serving shape, dtype pair and weight layout at group 128
-    # (group 32 is built for the long-k prefill tiles only).
+def test_the_op_tiles_are_ones_the_spec_builds() -> None:
+    # The op's table names its tiles, and the spec builds their shapes from it; the other
+    # constraints (layout, arch, copies) still decide where each is built. So each tile must
+    # be one the bundled spec builds, and every regime must find one for each serving shape,
+    # dtype pair and weight layout at group 128 (group 32 is built for the long-k prefill
+    # tiles only).
     pytest.importorskip("torch")
-    from b12x_aot.loader.torch_ops import MoeW4A16Op
+    from b12x_aot.ops.moe_w4a16_tiles import shipped_tiles
 
-    keys = MoeW4A16Op.TILE_PARAMS
+    table = shipped_tiles()
+    keys = table.params
     accepted = expand(load_spec(W4A16), archs=["sm_90a"]).accepted
     built: dict[tuple, set[tuple]] = {}
     for v in accepted:
@@ -234,13 +237,13 @@ def test_the_torch_ops_tiles_are_ones_the_spec_builds() -> None:
         built.setdefault(problem, set()).add(tuple(p[k] for k in keys))
     every = set().union(*built.values())
     # prefill_tail's riding tiles (built for sm_90a only) lead it, ride as the op's policy
-    # assumes (MoeW4A16Op.riding), and one exists for every problem there, so on an H200 the
+    # assumes (W4A16Tiles.riding), and one exists for every problem there, so on an H200 the
     # op's prefill_tail regime always takes one
     tail, block = keys.index("tail_rows"), keys.index("block_m")
-    tiles = MoeW4A16Op.TILES["prefill_tail"]
+    tiles = table.regimes["prefill_tail"]
     riders = [tile for tile in tiles if tile[tail]]
     assert list(tiles[: len(riders)]) == riders and len(riders) >= 2
-    rider = MoeW4A16Op._RIDER
+    rider = table.choices("prefill_tail")[0]
     assert all((tile[block], tile[tail]) == (rider["block_m"], rider["tail_rows"]) for tile in riders)
     lacking = [p for p, have in built.items() if not have.intersection(riders)]
     assert not lacking, lacking
@@ -248,7 +251,7 @@ def test_the_torch_ops_tiles_are_ones_the_spec_builds() -> None:
     assert {p[2] for p, have in built.items() if riders[0] in have} == {256, 2048, 7168}
     group128 = {problem: have for problem, have in built.items() if problem[4] == 128}
     assert len(group128) == 3 * 4 * 2  # dtype pairs x shapes x layouts
-    for regime, tiles in MoeW4A16Op.TILES.items():
+    for regime, tiles in table.regimes.items():
         assert set(tiles) <= every, (regime, set(tiles) - every)
         for problem, have in group128.items():
             assert have.intersection(tiles), (regime, problem)
@@ -275,7 +278,7 @@ def test_the_torch_ops_tiles_are_ones_the_spec_builds() -> None:
         assert len(group32) == 3 * 3 * 2, arch  # dtype pairs x long-k shapes x layouts
         for regime in ("mid", "prefill", "prefill_tail"):
             for problem, have in group32.items():
-                assert have.intersection(MoeW4A16Op.TILES[regime]), (arch, regime, problem)
+                assert have.intersection(table.regimes[regime]), (arch, regime, problem)
 
 
 def test_dry_run_plan_rejects_big_tiles_on_sm120a_only(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from b12x_aot.loader.torch_ops import w4a16_weights
+from b12x_aot.ops import w4a16_weights
 
 from ..conftest import family_variants
 from .reference import one_rounding_apart, same_bits

@@ -15,8 +15,8 @@ import torch
 
 from b12x_aot.kernels.w4a16._layout import WeightOrder, pass_splits_bands
 from b12x_aot.loader.errors import LaunchArgumentError
-from b12x_aot.loader.torch_ops import w4a16_weights
 from b12x_aot.loader.w4a16_layout import CHUNK_K, LANE_ORDER, WEIGHT_LAYOUTS
+from b12x_aot.ops import w4a16_weights
 
 
 def nibbles(w: torch.Tensor) -> torch.Tensor:

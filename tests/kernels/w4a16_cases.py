@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from b12x_aot.loader.torch_ops import w4a16_weights
+from b12x_aot.ops import w4a16_weights
 
 from ..conftest import family_variants
 from .reference import TORCH_DTYPES

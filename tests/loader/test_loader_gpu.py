@@ -1,4 +1,4 @@
-"""The loader on a GPU: graph safety, bad launch inputs, several threads and devices, torch op."""
+"""The loader on a GPU: graph safety, bad launch inputs, several threads and devices."""
 
 from __future__ import annotations
 
@@ -169,52 +169,3 @@ def test_two_devices_from_two_threads(gpu_registry, device_arch) -> None:
     assert not errors, errors
     kernel = gpu_registry.kernel(entry.family, entry.abi, device=0, **p)
     assert kernel.devices == (0, 1)  # one function handle per device
-
-
-def test_torch_custom_op_eager_graph_and_compile(gpu_registry, device_arch) -> None:
-    from b12x_aot.loader.torch_ops import register_topk_sum
-
-    _, p = _variant(gpu_registry, device_arch, -1)
-    op = register_topk_sum(gpu_registry, namespace="b12x_test")
-    element, output = DTYPES[p["element"]], DTYPES[p["output"]]
-    op.preload(torch.empty(1, p["topk"], p["hidden"], device="cuda", dtype=element), output)
-    gen = torch.Generator(device="cuda").manual_seed(21)
-    m = 16
-    inputs = make_inputs(m, p, gen)
-    args = (inputs["routed"], inputs["weights"], inputs["route_ids"], NUM_EXPERTS, output)
-    eager = op(*args)
-    torch.cuda.synchronize()
-    assert same_bits(eager, exact_reference(inputs, p))
-
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        op(*args)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        captured = op(*args)
-    fresh = make_inputs(m, p, gen)
-    for name in ("routed", "weights", "route_ids"):
-        inputs[name].copy_(fresh[name])
-    graph.replay()
-    torch.cuda.synchronize()
-    assert same_bits(captured, exact_reference(fresh, p))
-
-    compiled = torch.compile(lambda r, w, i: op.op(r, w, i, NUM_EXPERTS, output) * 1, fullgraph=True)
-    got = compiled(inputs["routed"], inputs["weights"], inputs["route_ids"])
-    torch.cuda.synchronize()
-    assert same_bits(got, exact_reference(inputs, p))
-
-
-def test_topk_sum_op_takes_four_tokens_per_cta_where_a_token_has_one_route(gpu_registry, device_arch) -> None:
-    from b12x_aot.loader.torch_ops import register_topk_sum
-
-    op = register_topk_sum(gpu_registry, namespace="b12x_tokens")
-    # topk 2 and 8 have no four-token variant: the op must fall back to one, not miss
-    for topk, tokens in ((1, 4), (2, 1), (8, 1)):
-        launch = op.launch_for(torch.bfloat16, torch.bfloat16, topk, 7168, torch.cuda.current_device())
-        assert launch.entry.params["tokens_per_cta"] == tokens, f"topk {topk}: {launch.entry.params}"
-    # none held: the miss is the first choice's, with the registry's nearest variants
-    with pytest.raises(VariantMissError, match="tokens_per_cta=4") as miss:
-        op.launch_for(torch.bfloat16, torch.bfloat16, 1, 1234, torch.cuda.current_device())
-    assert miss.value.miss.nearest

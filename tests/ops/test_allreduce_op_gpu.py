@@ -7,14 +7,14 @@ import pytest
 
 from b12x_aot.comm import create_local_group
 
-from .test_allreduce_gpu import draw, reference
+from ..comm.test_allreduce_gpu import draw, reference
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
 
 def test_all_reduce_op_eager_graph_and_compile(gpu_registry) -> None:
-    from b12x_aot.comm.torch_ops import register_all_reduce
+    from b12x_aot.ops import register_all_reduce
 
     world, n = 2, 3 * 7168
     comms = create_local_group(gpu_registry, world=world, capacity_bytes=n * 2, device=0, dtypes=("bf16",))

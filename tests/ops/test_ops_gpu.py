@@ -1,4 +1,4 @@
-"""The torch.library ops of every family on a GPU: eager, in a CUDA graph and under
+"""The torch.library ops of the mxfp8_quant and moe_w4a16 families on a GPU: eager, in a CUDA graph and under
 ``torch.compile(fullgraph=True)``, against the torch references, with sizes refused at the
 boundary and misses that name the build command."""
 
@@ -45,7 +45,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def test_mxfp8_op_eager_graph_and_compile(gpu_registry) -> None:
-    from b12x_aot.loader.torch_ops import register_mxfp8_quant
+    from b12x_aot.ops import register_mxfp8_quant
 
     op = register_mxfp8_quant(gpu_registry, namespace="b12x_test_mxfp8")
     gen = torch.Generator(device="cuda").manual_seed(5)
@@ -72,7 +72,7 @@ EXPERTS, N, K, GROUP, TOPK = 32, 2048, 7168, 128, 8
 
 def moe_op_and_weights(gpu_registry, namespace: str, seed: int, experts: int = EXPERTS):
     """A registered moe_w4a16 op, a seeded generator, and int4 weights and scales."""
-    from b12x_aot.loader.torch_ops import register_moe_w4a16
+    from b12x_aot.ops import register_moe_w4a16
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     w, s = random_weights(experts, N, K, GROUP, torch.bfloat16, device="cuda", generator=gen)
@@ -88,26 +88,27 @@ def moe_inputs(m: int, w, s, gen, experts: int = EXPERTS, dtype=torch.bfloat16) 
 
 
 def tile_of(params: dict) -> tuple:
-    """An moe.w4a16 entry's params as a tile of :attr:`MoeW4A16Op.TILES`."""
-    from b12x_aot.loader.torch_ops import MoeW4A16Op
+    """An moe.w4a16 entry's params as a tile of the op's table."""
+    from b12x_aot.ops.moe_w4a16_tiles import shipped_tiles
 
-    return tuple(params[key] for key in MoeW4A16Op.TILE_PARAMS)
+    return tuple(params[key] for key in shipped_tiles().params)
 
 
 def first_held(gpu_registry, regime: str, picked: dict) -> tuple:
     """The first tile of ``regime`` that the registry holds for this GPU's arch and the problem
     of ``picked`` (an entry's params): the one the op should take (a tail_rows tile, say, is
     built for sm_90a only)."""
-    from b12x_aot.loader.torch_ops import MoeW4A16Op
+    from b12x_aot.ops.moe_w4a16_tiles import shipped_tiles
 
-    problem = {key: v for key, v in picked.items() if key not in MoeW4A16Op.TILE_PARAMS}
+    table = shipped_tiles()
+    problem = {key: v for key, v in picked.items() if key not in table.params}
     arch = gpu_registry.arch(0)
     held = {
         tile_of(e.params)
         for e in gpu_registry.entries()
         if e.family == "moe.w4a16" and e.arch == arch and all(e.params[k] == v for k, v in problem.items())
     }
-    return next(tile for tile in MoeW4A16Op.TILES[regime] if tile in held)
+    return next(tile for tile in table.regimes[regime] if tile in held)
 
 
 def check_moe(out: torch.Tensor, given: tuple, experts: int = EXPERTS) -> None:
@@ -144,23 +145,20 @@ def test_moe_w4a16_preload_covers_every_decode_batch(gpu_registry) -> None:
     # One preload at 16 tokens (the decode regime); a 1-token batch picks a split-k regime (its
     # few experts' tiles would leave the SMs idle) and still loads nothing during capture.
     # The fewest resident experts that 16 tokens are expected to fill the SMs from on this GPU.
-    from b12x_aot.loader.torch_ops import MoeW4A16Op
+    from b12x_aot.ops.moe_w4a16_tiles import shipped_tiles
 
+    table = shipped_tiles()
     k, topk = K, TOPK
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     experts = next(
-        (
-            e
-            for e in range(topk, 16 * topk + 1)
-            if MoeW4A16Op.decode_regime(16, topk, e, N, sms=sms) == "decode"
-        ),
+        (e for e in range(topk, 16 * topk + 1) if table.decode_regime(16, topk, e, N, sms=sms) == "decode"),
         None,
     )
-    if experts is None or MoeW4A16Op.decode_regime(1, topk, experts, N, sms=sms) == "decode":
+    if experts is None or table.decode_regime(1, topk, experts, N, sms=sms) == "decode":
         pytest.skip(f"no expert count puts 16 and 1 tokens in different regimes on {sms} SMs")
     op, gen, w, s = moe_op_and_weights(gpu_registry, "b12x_test_moe_preload", 9, experts)
     regimes = [op.regime(m, topk=topk, experts=experts, n=N, device=0) for m in (16, 1)]
-    assert regimes[0] == "decode" and regimes[1] in dict(MoeW4A16Op.DECODE_REGIMES), regimes
+    assert regimes[0] == "decode" and regimes[1] in dict(table.decode_bands), regimes
     dtype = torch.bfloat16
     op.preload(torch.zeros(16, k, device="cuda", dtype=dtype), w, s, topk, dtype)
     a = torch.randn(1, k, device="cuda", generator=gen).to(dtype)
@@ -182,14 +180,12 @@ def test_moe_w4a16_prefill_regimes_follow_the_routes_per_expert_and_preload_toge
     # most 16 routes, so the op leads with the tail_rows tile (where the arch has it); 384
     # tokens (96 each) do not. One preload, at either size, loads both: capturing the other
     # loads nothing.
-    from b12x_aot.loader.torch_ops import MoeW4A16Op
-
     op, gen, w, s = moe_op_and_weights(gpu_registry, "b12x_test_moe_prefill", 13)
     dtype = torch.bfloat16
     sizes = {"prefill": 384, "prefill_tail": 512}
     for regime, m in sizes.items():
         assert op.regime(m, topk=TOPK, experts=EXPERTS, n=N, device=0) == regime
-        assert (MoeW4A16Op.riding(m * TOPK, EXPERTS) >= MoeW4A16Op.TAIL_SHARE) == (regime == "prefill_tail")
+        assert (op.tiles.riding(m * TOPK, EXPERTS) >= op.tiles.tail_share) == (regime == "prefill_tail")
     op.preload(torch.zeros(sizes["prefill"], K, device="cuda", dtype=dtype), w, s, TOPK, dtype)
     loads = gpu_registry.stats.loads
     for regime, m in sizes.items():
@@ -206,7 +202,7 @@ def test_moe_w4a16_cluster_regimes_match_the_reference_eager_and_in_graphs(gpu_r
     # A narrow shape (n 256) at 1 and 4 tokens has too few tiles to fill an H200's SMs: a
     # cluster of CTAs splits each tile's k (4 and 2 CTAs), and the op still meets the reference.
     # A preload at 16 tokens covers both: nothing loads after it.
-    from b12x_aot.loader.torch_ops import MoeW4A16Op, register_moe_w4a16
+    from b12x_aot.ops import register_moe_w4a16
 
     n, experts, dtype = 256, EXPERTS, torch.bfloat16
     gen = torch.Generator(device="cuda").manual_seed(12)
@@ -219,7 +215,7 @@ def test_moe_w4a16_cluster_regimes_match_the_reference_eager_and_in_graphs(gpu_r
         args, fresh = moe_inputs(m, w, s, gen), moe_inputs(m, w, s, gen)
         regime = op.regime(m, topk=TOPK, experts=experts, n=n, device=0)
         _, gemm = op.launches_for(args[0], w, s, TOPK, dtype)
-        want_ctas = dict(zip(MoeW4A16Op.TILE_PARAMS, MoeW4A16Op.TILES[regime][0], strict=True))["k_ctas"]
+        want_ctas = op.tiles.choices(regime)[0]["k_ctas"]
         assert gemm.entry.params["k_ctas"] == want_ctas, (regime, gemm.entry.params)
         clustered += want_ctas > 1
         _eager_graph_compiled(
@@ -237,7 +233,7 @@ def test_moe_w4a16_decode_regimes_on_n64k128_weights_take_their_lead_tiles(gpu_r
     # (an H100 / H200: cluster4 at 1 token and cluster2 at 3 for N 256; tiny at 1, resident
     # at 2 and decode at 6 for N 2048), the op takes the regime's first held tile and meets
     # the reference, eagerly and replayed from a graph.
-    from b12x_aot.loader.torch_ops import register_moe_w4a16, w4a16_weights
+    from b12x_aot.ops import register_moe_w4a16, w4a16_weights
 
     op = register_moe_w4a16(gpu_registry, namespace="b12x_test_moe_regimes", w_layout="n64k128")
     dtype = torch.bfloat16
@@ -277,7 +273,7 @@ def test_moe_w4a16_op_on_n64k128_weights_gives_the_nk_results(gpu_registry) -> N
     # both at 512 (32 experts: prefill_tail). The prefill tile gives the same bits; decode
     # tiles sum other k's per MMA step in each order, so their fp32 sums may differ in the
     # last bits: one bf16 rounding step apart.
-    from b12x_aot.loader.torch_ops import MoeW4A16Op, register_moe_w4a16, w4a16_weights
+    from b12x_aot.ops import register_moe_w4a16, w4a16_weights
 
     rows_op, gen, w, s = moe_op_and_weights(gpu_registry, "b12x_test_moe_rows", 10)
     atoms_op = register_moe_w4a16(gpu_registry, namespace="b12x_test_moe_atoms", w_layout="n64k128")
@@ -295,7 +291,7 @@ def test_moe_w4a16_op_on_n64k128_weights_gives_the_nk_results(gpu_registry) -> N
             assert params["w_layout"] == layout
             picks[layout] = tile_of(params)
             assert picks[layout] == first_held(gpu_registry, regime, params), (regime, picks)
-        assert picks["nk"][MoeW4A16Op.TILE_PARAMS.index("w_copy")] != "bulk", picks
+        assert picks["nk"][rows_op.tiles.params.index("w_copy")] != "bulk", picks
         torch.cuda.synchronize()
         if picks["nk"][0] != 16:
             assert picks["nk"] == picks["n64k128"] and torch.equal(got, want), m

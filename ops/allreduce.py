@@ -1,4 +1,4 @@
-"""A torch.library op over communicators (import this module only if you use torch).
+"""The all-reduce torch op over communicators of :mod:`b12x_aot.comm`.
 
 ``register_all_reduce(comm)`` returns an op ``b12x::all_reduce(inp, handle) -> out`` bound to
 ``comm``: functional, with a fake (meta) implementation, so it runs eagerly, inside CUDA graphs
@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 
-from ._communicator import Communicator
-from .errors import CommArgumentError
+from b12x_aot.comm import CommArgumentError, Communicator
 
 __all__ = ["AllReduceOp", "register_all_reduce"]
 

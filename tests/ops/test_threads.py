@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from b12x_aot.loader.torch_ops import Mxfp8QuantOp
+from b12x_aot.ops import Mxfp8QuantOp
 
 
 class OneVariantRegistry:
