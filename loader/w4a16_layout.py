@@ -1,5 +1,5 @@
 """The byte orders of ``moe.w4a16`` weights (its ``w_layout`` param), for the kernel that reads
-them and the host code that lays them out (:func:`b12x_aot.loader.torch_ops.w4a16_weights`).
+them and the host code that lays them out (:func:`b12x_aot.ops.w4a16_weights`).
 
 ``w[E, n, k / 2]`` is u8, two signed int4 per byte, in one of two orders per expert:
 

@@ -24,7 +24,7 @@ holds that many) and store both blocks' rows, and the last block's CTAs return a
 together and its weights are read once per block fewer; the wgmmas of each row are the same,
 so the same bits. On an H200 at 128 routes per expert (4,096 tokens, topk 8, 256 experts)
 1.10-1.15x on FC1 and FC2, but 0.94-0.96x where no last block is that short: the op picks
-it by the expected share of such experts (``MoeW4A16Op.TAIL_SHARE``).
+it by the expected share of such experts (``tail_share`` in ``ops/moe_w4a16_tiles.yaml``).
 
 Per CTA: the block's ``tile_n x k / group`` scale slab is copied to shared memory once, then
 ``block_m`` (``+ tail_rows``) ``x tile_k`` activation rows (gathered by route, padding rows
@@ -38,7 +38,7 @@ the part waits on before computing it; the compute reads the atom in its global 
 instructions and no per-thread 16-byte requests: on an H200 up to 1.3x faster than the cp.async
 twin, but up to 11 % slower (the bulk copy's longer latency) in launches of one or two CTAs per
 SM (N 256 / N 384 at 1 token without a cluster, tiles the op does not pick there; see
-``MoeW4A16Op.TILES``). With ``copy_warps`` 4 (the 256-wide sm_90a wgmma tile) a third
+``ops/moe_w4a16_tiles.yaml``). With ``copy_warps`` 4 (the 256-wide sm_90a wgmma tile) a third
 warpgroup past the ``cta_threads`` compute threads issues every copy and keeps only a few
 registers (``setmaxnreg``: the two compute warpgroups get the rest); the compute warpgroups
 wait on each slot's ``full`` mbarrier (its copiers' ``cp.async`` arrivals) and release it on
