@@ -22,9 +22,9 @@ block before it: that block's CTAs load and multiply ``block_m + tail_rows`` row
 holds that many) and store both blocks' rows, and the last block's CTAs return at once
 (:meth:`W4A16.rows_reached`). An expert's blocks are consecutive, so its CTAs run close
 together and its weights are read once per block fewer; the wgmmas of each row are the same,
-so the same bits. On an H200 at 128 routes per expert (4,096 tokens, topk 8, 256 experts)
-1.10-1.15x on FC1 and FC2, but 0.94-0.96x where no last block is that short: the op picks
-it by the expected share of such experts (``tail_share`` in ``ops/moe_w4a16_tiles.yaml``).
+so the same bits. It pays where many experts end on a short block and costs a little where
+none do, so the op picks it by the expected share of such experts (``tail_share`` in
+``ops/moe_w4a16_tiles.yaml``; the measurements are in ``docs/benchmarks.md``).
 
 Per CTA: the block's ``tile_n x k / group`` scale slab is copied to shared memory once, then
 ``block_m`` (``+ tail_rows``) ``x tile_k`` activation rows (gathered by route, padding rows
@@ -35,10 +35,10 @@ straight to its MMA lane's place; see :mod:`._copies`). With ``w_copy == "bulk"`
 decode tiles, ``tile_k`` 128) a k-tile's weights are whole atoms, one contiguous 4 KiB per 64-row
 band: one thread of the k-part copies each by ``cp.async.bulk`` onto the slot's mbarrier, which
 the part waits on before computing it; the compute reads the atom in its global order. Fewer
-instructions and no per-thread 16-byte requests: on an H200 up to 1.3x faster than the cp.async
-twin, but up to 11 % slower (the bulk copy's longer latency) in launches of one or two CTAs per
-SM (N 256 / N 384 at 1 token without a cluster, tiles the op does not pick there; see
-``ops/moe_w4a16_tiles.yaml``). With ``copy_warps`` 4 (the 256-wide sm_90a wgmma tile) a third
+instructions and no per-thread 16-byte requests: faster than the cp.async twin, except in
+launches of one or two CTAs per SM, where the bulk copy's longer latency shows (N 256 / N 384
+at 1 token without a cluster, tiles the op does not pick there; see
+``ops/moe_w4a16_tiles.yaml`` and ``docs/benchmarks.md``). With ``copy_warps`` 4 (the 256-wide sm_90a wgmma tile) a third
 warpgroup past the ``cta_threads`` compute threads issues every copy and keeps only a few
 registers (``setmaxnreg``: the two compute warpgroups get the rest); the compute warpgroups
 wait on each slot's ``full`` mbarrier (its copiers' ``cp.async`` arrivals) and release it on

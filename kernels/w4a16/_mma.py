@@ -24,7 +24,7 @@ others' in rank order.
   (:meth:`~._mma_steps.KtileMma.compute_swapped`; a warp must hold whole m16 atoms of weight rows, ``tile_n / warps`` a multiple of 16): dequantized weights
   are A, the block's tokens B, and a block of at most 8 real rows (most decode blocks)
   takes one n8 token atom, half the MMAs; each output element still sums the same products in
-  the same MMA k-slots as the untransposed loop did (the same bits on an H200). When
+  the same MMA k-slots as the untransposed loop did (the same bits). When
   ``group % tile_k == 0`` the exact int4 is the operand and each k-tile's fp32 partial sum
   takes its scale in fp32.
 - Larger blocks, rows: natural k order; A fragments by ``ldmatrix`` from the swizzled row tile,

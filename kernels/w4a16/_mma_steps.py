@@ -223,7 +223,7 @@ class KtileMma:
                 for rr in cutlass.range_constexpr(2):
                     # Written out here and below on purpose: the same sum returned by a helper
                     # method cost the split-k tile a register (129), half its occupancy at 256
-                    # threads and 12 % at 1 token on an H200.
+                    # threads.
                     row = warp * p.warp_cols + mi * 16 + rr * 8 + g
                     cute.autovec_copy(
                         s_wv[None, self.ring.w_lane_piece(slot, j, row, g, c)], wq[None, rr, mi]
