@@ -11,7 +11,8 @@ from ._contract import check_contract, check_limits
 from ._cubin import CubinInfo, inspect_cubin
 from ._dask import DaskExecutor
 from ._driver import CompileJob, CompileOutcome, compile_job, prepare_worker
-from ._executor import Executor, executor_from
+from ._executor import Executor
+from ._executors import executor_from
 from ._plan import STATES, Plan, PlanItem, in_shard, make_plan, parse_shard
 from ._pool import LocalExecutor
 from ._sass import find_nvdisasm, sass_histograms

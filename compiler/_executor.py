@@ -1,24 +1,21 @@
-"""Where compile jobs run: the executor interface, and the one parser of ``--executor``.
+"""Where compile jobs run: the executor interface.
 
 An executor compiles jobs and hands each outcome back to the process that records it; it never
-writes the registry. ``local`` (the default) is a process pool on this machine; a dask address
-or scheduler file fans the same jobs out over a dask.distributed cluster. Planning, keys,
-staleness, timeouts, progress and exit codes are the same on every executor.
+writes the registry. ``local`` (the default, :mod:`._pool`) is a process pool on this machine;
+a dask address or scheduler file (:mod:`._dask`) fans the same jobs out over a dask.distributed
+cluster; :func:`~._executors.executor_from` picks one by its ``--executor`` text. Planning,
+keys, staleness, timeouts, progress and exit codes are the same on every executor.
 """
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
 from ._driver import CompileJob, CompileOutcome
 from ._plan import Plan
-from .errors import ExecutorError
 
-__all__ = ["EXECUTOR_FORMS", "Executor", "executor_from"]
-
-EXECUTOR_FORMS = "local, dask://HOST:PORT (or tcp://, tls://) or dask+file://PATH to a scheduler file"
+__all__ = ["Executor"]
 
 
 class Executor(ABC):
@@ -60,33 +57,3 @@ class Executor(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def executor_from(text: str, *, jobs: int | None = None) -> Executor:
-    """The executor ``--executor TEXT`` names. ``jobs`` sizes the local pool (default: the CPU
-    count); a cluster's size is its workers'. Raises :class:`ExecutorError` for any other form."""
-    from ._dask import DaskExecutor  # both subclass Executor: imported here, not at the top
-    from ._pool import LocalExecutor
-
-    if text == "local":
-        return LocalExecutor(jobs or os.cpu_count() or 1)
-    if text.startswith("dask://"):
-        return DaskExecutor("tcp://" + _host_port(text, text.removeprefix("dask://")))
-    if text.startswith(("tcp://", "tls://")):
-        _host_port(text, text.partition("://")[2])
-        return DaskExecutor(text)
-    if text.startswith("dask+file://"):
-        path = text.removeprefix("dask+file://")
-        if not path:
-            raise ExecutorError(f"--executor dask+file:// needs a path (got {text!r})")
-        return DaskExecutor(scheduler_file=path)
-    raise ExecutorError(f"--executor takes {EXECUTOR_FORMS} (got {text!r})")
-
-
-def _host_port(text: str, rest: str) -> str:
-    host, sep, port = rest.rstrip("/").rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ExecutorError(
-            f"--executor needs a scheduler address HOST:PORT, like dask://sched:8786 (got {text!r})"
-        )
-    return f"{host}:{port}"

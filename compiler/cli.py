@@ -25,7 +25,7 @@ from b12x_aot.registry import Column, Output, RegistryError, RegistryStore, regi
 
 from ._arch import ARCHS
 from ._build import BuildSummary, check_executor, run_build
-from ._executor import EXECUTOR_FORMS, executor_from
+from ._executors import EXECUTOR_FORMS, executor_from
 from ._plan import STATES, Plan, State, make_plan, parse_shard
 from ._probe import check_entries
 from ._progress import BuildProgress
