@@ -4,7 +4,8 @@
 ``kernels`` (comm's layout) <- ``compiler``. A library module may import only the packages below
 it, and only their public API (never ``b12x_aot.<other>._private``); the CLIs may use every
 package's public API. Every package may import ``contract``.
-Read from the source with ``ast``, so the rule is kept without importing anything.
+Read from the source with ``ast``, so the rule is kept without importing anything. Within a
+package, an import deferred into a function counts toward a circle too.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import ast
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from .conftest import ROOT
 
@@ -96,12 +99,12 @@ def test_the_rule_catches_what_it_should(tmp_path: Path) -> None:
     assert "b12x_aot.compiler" in found and "b12x_aot.registry._schema" in found
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(*, top_level_only: bool = True) -> dict[str, set[str]]:
     names = {_name(path): (package, path) for package, path in _modules()}
     graph: dict[str, set[str]] = {}
     for name, (package, path) in names.items():
         deps = set()
-        for _, module in _imports(path, package, top_level_only=True):
+        for _, module in _imports(path, package, top_level_only=top_level_only):
             init = f"{module.removesuffix('.__init__')}.__init__"  # a package: its __init__
             if module in names and module != name:
                 deps.add(module)
@@ -111,8 +114,8 @@ def _graph() -> dict[str, set[str]]:
     return graph
 
 
-def test_no_module_imports_in_a_circle() -> None:
-    graph = _graph()
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every circle a depth-first walk of ``graph`` closes, each as ``a -> b -> ... -> a``."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     cycles: list[list[str]] = []
 
@@ -128,7 +131,46 @@ def test_no_module_imports_in_a_circle() -> None:
     for node in sorted(graph):
         if node not in state:
             visit(node, [node])
+    return cycles
+
+
+def test_no_module_imports_in_a_circle() -> None:
+    cycles = _cycles(_graph())
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def _cycles_within_packages() -> list[list[str]]:
+    """Circles among one package's modules, counting the imports deferred into functions too."""
+    graph = _graph(top_level_only=False)
+    within = {
+        name: {dep for dep in deps if dep.split(".")[1] == name.split(".")[1]} for name, deps in graph.items()
+    }
+    return _cycles(within)
+
+
+def test_no_package_imports_in_a_circle_even_inside_functions() -> None:
+    """A module that imports a module importing it, if only inside a function, still ties the two:
+    neither can be read, moved or tested without the other (an interface importing its own
+    implementations to pick one, say). Give the shared piece its own module instead."""
+    cycles = _cycles_within_packages()
+    assert not cycles, "modules of one package that import each other:\n" + "\n".join(
+        " -> ".join(c) for c in cycles
+    )
+
+
+def test_the_circle_check_sees_imports_inside_functions(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The check above finds a circle that one import deferred into a function closes (so a pass
+    means something), which the import-time check cannot see."""
+    package = tmp_path / "compiler"
+    package.mkdir()
+    (package / "_base.py").write_text("def pick():\n    from ._impl import Impl\n    return Impl\n")
+    (package / "_impl.py").write_text("from ._base import pick\n")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)  # what _modules() and _name() read
+    circle = ["b12x_aot.compiler._base", "b12x_aot.compiler._impl", "b12x_aot.compiler._base"]
+    assert _cycles_within_packages() == [circle]
+    assert _cycles(_graph()) == []
 
 
 def _outside_stdlib(module: str) -> bool:
