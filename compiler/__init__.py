@@ -13,10 +13,11 @@ from ._dask import DaskExecutor
 from ._driver import CompileJob, CompileOutcome, compile_job, prepare_worker
 from ._executor import Executor
 from ._executors import executor_from
-from ._plan import STATES, Plan, PlanItem, in_shard, make_plan, parse_shard
+from ._plan import Plan, PlanItem, in_shard, make_plan, parse_shard
 from ._pool import LocalExecutor
 from ._sass import find_nvdisasm, sass_histograms
 from ._spec import ArgTemplate, Limits, Spec, load_spec, load_specs
+from ._status import STATES, State, Status
 from ._toolchain import (
     COMPILE_OPTIONS,
     Fingerprint,
@@ -62,6 +63,8 @@ __all__ = [
     "Spec",
     "SpecError",
     "SpecFault",
+    "State",
+    "Status",
     "ToolchainError",
     "Variant",
     "check_contract",

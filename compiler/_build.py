@@ -17,8 +17,9 @@ from b12x_aot.registry import FailureRecord, RegistryStore, RegistryWriter, Vari
 
 from ._driver import CompileJob, CompileOutcome
 from ._executor import Executor
-from ._plan import Plan, State
+from ._plan import Plan
 from ._sass import sass_refusal
+from ._status import State, Status
 from ._variants import Variant
 
 __all__ = ["BuildSummary", "Tally", "check_executor", "run_build"]
@@ -63,17 +64,17 @@ class BuildSummary:
 
     @property
     def ok(self) -> bool:
-        return not self.failed and not self.planned.get("failed", 0)
+        return not self.failed and not self.planned.get(State.FAILED, 0)
 
     def tally(self) -> Tally:
         return Tally(
-            present=self.planned["present"],
+            present=self.planned[State.PRESENT],
             built=self.built,
             unchanged=self.unchanged,
             rejected=len(self.rejected),
             failed=len(self.failed),
             compiled=self.compiled,
-            to_compile=self.planned["new"] + self.planned["stale"],
+            to_compile=self.planned[State.NEW] + self.planned[State.STALE],
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -114,7 +115,9 @@ def _settled(plan: Plan, writer: RegistryWriter, build_id: int, summary: BuildSu
             v = item.variant
             writer.record_failure(
                 build_id,
-                FailureRecord(v.id, plan.provenance_of(v), "rejected", item.stage, item.reason, item.reason),
+                FailureRecord(
+                    v.id, plan.provenance_of(v), Status.REJECTED, item.stage, item.reason, item.reason
+                ),
             )
         bucket = summary.failed if item.state == State.FAILED else summary.rejected
         bucket.append(_reported(item.variant, item.stage, item.reason, item.recorded))
@@ -166,7 +169,7 @@ def run_build(
 
     def record(outcome: CompileOutcome) -> None:
         v = todo[outcome.variant.key].variant
-        if outcome.status == "ok":
+        if outcome.status == Status.OK:
             assert outcome.cubin is not None and outcome.resources is not None and outcome.launch is not None
             rec = VariantRecord(
                 variant=v.id,
@@ -198,7 +201,7 @@ def run_build(
                     log=outcome.log,
                 ),
             )
-            bucket = summary.rejected if kind == "rejected" else summary.failed
+            bucket = summary.rejected if kind == Status.REJECTED else summary.failed
             bucket.append(_reported(v, outcome.stage, outcome.reason, False))
         summary.compiled += 1
         on_progress(summary.tally())

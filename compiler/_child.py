@@ -28,7 +28,8 @@ import traceback
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
 
-from ._driver import TRANSIENT, CompileJob, CompileOutcome, compile_job, prepare_worker
+from ._driver import CompileJob, CompileOutcome, compile_job, prepare_worker
+from ._status import Status
 
 __all__ = ["START_TIMEOUT", "CompileChild"]
 
@@ -111,22 +112,26 @@ class CompileChild:
                     if kind == "start_failed":
                         self.start_log = payload
                         last = payload.strip().splitlines()[-1] if payload.strip() else "no traceback"
-                        return self._lost("failed", f"compile worker for {self.arch} failed to start: {last}")
+                        return self._lost(
+                            Status.FAILED, f"compile worker for {self.arch} failed to start: {last}"
+                        )
                     self.job = None
                     return payload
             except (EOFError, OSError):
                 pass
             code = self._exit_code()
             if self.ready:
-                return self._lost("failed", f"compile worker died (exit code {code})")
-            return self._lost("failed", f"compile worker for {self.arch} failed to start (exit code {code})")
+                return self._lost(Status.FAILED, f"compile worker died (exit code {code})")
+            return self._lost(
+                Status.FAILED, f"compile worker for {self.arch} failed to start (exit code {code})"
+            )
         elapsed = time.monotonic() - self._since
         if not self.ready and elapsed > START_TIMEOUT:
             return self._lost(
-                "failed", f"compile worker for {self.arch} did not start within {START_TIMEOUT:.0f} s"
+                Status.FAILED, f"compile worker for {self.arch} did not start within {START_TIMEOUT:.0f} s"
             )
         if self.job is not None and timeout is not None and elapsed > timeout:
-            return self._lost("timeout", f"compile exceeded the {timeout:.0f} s timeout")
+            return self._lost(Status.TIMEOUT, f"compile exceeded the {timeout:.0f} s timeout")
         return None
 
     def run(self, job: CompileJob, timeout: float | None) -> CompileOutcome:
@@ -136,7 +141,7 @@ class CompileChild:
             self.update(bool(wait([self], 1.0)), None)
             if self.gone:
                 reason = self.start_failure or f"compile worker for {self.arch} failed to start"
-                return CompileOutcome.worker_failure(job, TRANSIENT, reason, log=self.start_log)
+                return CompileOutcome.worker_failure(job, Status.TRANSIENT, reason, log=self.start_log)
         self.send(job)
         while True:
             outcome = self.update(bool(wait([self], 1.0)), timeout)
@@ -179,7 +184,7 @@ class CompileChild:
         except subprocess.TimeoutExpired:
             return None  # EOF from a live process; killed by _lost
 
-    def _lost(self, status: str, reason: str) -> CompileOutcome | None:
+    def _lost(self, status: Status, reason: str) -> CompileOutcome | None:
         """The child is gone, or is killed now: end its job with ``status`` and ``reason``."""
         self.kill()
         job, self.job = self.job, None

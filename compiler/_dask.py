@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ._driver import CompileJob, CompileOutcome
 from ._executor import Executor
 from ._sass import has_nvdisasm
+from ._status import Status
 from ._toolchain import Fingerprint, environment_fingerprint, refuse_workers
 from .errors import CompilerError, ExecutorError
 
@@ -187,7 +188,7 @@ def _outcome(distributed: ModuleType, future: Any, job: CompileJob) -> CompileOu
     if isinstance(exc, distributed.KilledWorker):
         return CompileOutcome.worker_failure(
             job,
-            "failed",
+            Status.FAILED,
             f"dask workers died {exc.allowed_failures + 1} times while running it (the last was "
             f"{exc.last_worker.address}); it may be what kills them: see the workers' logs",
         )
@@ -195,5 +196,5 @@ def _outcome(distributed: ModuleType, future: Any, job: CompileJob) -> CompileOu
         raise exc  # a late worker's toolchain refusal ends the build, as the first check would
     log = "".join(traceback.format_exception(type(exc), exc, future.traceback()))
     return CompileOutcome.worker_failure(
-        job, "failed", f"dask task failed: {type(exc).__name__}: {exc}", log=log
+        job, Status.FAILED, f"dask task failed: {type(exc).__name__}: {exc}", log=log
     )

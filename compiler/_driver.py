@@ -28,15 +28,12 @@ from ._host_launch import read_host_launch
 from ._launch_record import RecordedLaunch, record_launch
 from ._sass import sass_histograms
 from ._spec import EntryValue, Limits
+from ._status import Status
 from ._toolchain import COMPILE_OPTIONS
 from ._variants import Variant
 from .errors import ContractError, EntryError
 
-__all__ = ["TRANSIENT", "CompileJob", "CompileOutcome", "compile_job", "prepare_worker"]
-
-# A job that ended for a reason outside its variant: a worker that could not start, or SASS a
-# limit needs that could not be read. Not a verdict on the inputs, so the next build retries it.
-TRANSIENT = "transient"
+__all__ = ["CompileJob", "CompileOutcome", "compile_job", "prepare_worker"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +78,7 @@ class CompileOutcome:
     """How one job ended. ``ok`` carries the cubin and what the registry records of it."""
 
     variant: VariantId
-    status: str  # ok, failed, timeout, transient, rejected
+    status: Status
     stage: str  # compile, contract, limits, worker
     reason: str
     log: str
@@ -96,7 +93,7 @@ class CompileOutcome:
 
     @classmethod
     def worker_failure(
-        cls, job: CompileJob, status: str, reason: str, seconds: float = 0.0, log: str = ""
+        cls, job: CompileJob, status: Status, reason: str, seconds: float = 0.0, log: str = ""
     ) -> CompileOutcome:
         """A job that ended without a compile result: its process died (``failed``), ran past
         its timeout (``timeout``) or never started (``transient``); stage ``worker``."""
@@ -156,7 +153,7 @@ def compile_job(job: CompileJob) -> CompileOutcome:
     start = time.perf_counter()
     captured = io.StringIO()
 
-    def done(status: str, stage: str, reason: str, log: str = "", **extra: Any) -> CompileOutcome:
+    def done(status: Status, stage: str, reason: str, log: str = "", **extra: Any) -> CompileOutcome:
         output = captured.getvalue()
         full_log = _ANSI.sub(
             "", "\n".join(part for part in (log, output and f"--- output ---\n{output}") if part)
@@ -169,17 +166,17 @@ def compile_job(job: CompileJob) -> CompileOutcome:
         with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
             cubin, symbol, launch = _compile(job)
     except ContractError as exc:
-        return done("failed", "contract", str(exc), traceback.format_exc())
+        return done(Status.FAILED, "contract", str(exc), traceback.format_exc())
     except EntryError as exc:
-        return done("failed", "entry", str(exc), traceback.format_exc())
+        return done(Status.FAILED, "entry", str(exc), traceback.format_exc())
     except Exception as exc:
-        return done("failed", "compile", _reason(exc), _ANSI.sub("", traceback.format_exc()))
+        return done(Status.FAILED, "compile", _reason(exc), _ANSI.sub("", traceback.format_exc()))
 
     try:
         info = inspect_cubin(cubin)
         resources = check_contract(info, symbol, job.arch, launch.params, launch.static, job.args)
     except ContractError as exc:
-        return done("failed", "contract", str(exc), traceback.format_exc(), cubin=cubin, symbol=symbol)
+        return done(Status.FAILED, "contract", str(exc), traceback.format_exc(), cubin=cubin, symbol=symbol)
 
     histograms = sass_histograms(cubin)
     sass = histograms.get(symbol) if histograms else None
@@ -195,12 +192,12 @@ def compile_job(job: CompileJob) -> CompileOutcome:
     }
     over = check_limits(job.limits, resources, sass)
     if over is not None:
-        return done("rejected", "limits", over, note, **extra)
+        return done(Status.REJECTED, "limits", over, note, **extra)
     undecided = undecided_limits(job.limits, resources, sass)
     if undecided is not None:
         reason = (
             f"limits {undecided} need the SASS histogram, and nvdisasm is unavailable or failed on "
             "this cubin: install nvidia-cuda-nvdisasm (the [sass] extra); the next build retries it"
         )
-        return done(TRANSIENT, "limits", reason, note, **extra)
-    return done("ok", "compile", "", note, **extra)
+        return done(Status.TRANSIENT, "limits", reason, note, **extra)
+    return done(Status.OK, "compile", "", note, **extra)

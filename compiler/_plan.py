@@ -17,7 +17,6 @@ import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -33,23 +32,11 @@ from b12x_aot.registry import (
 
 from ._closure import source_closure
 from ._spec import Spec
+from ._status import STATES, State, Status
 from ._toolchain import Fingerprint, ptxas_release
 from ._variants import Pruned, Variant, expand
 
-__all__ = ["STATES", "Plan", "PlanItem", "State", "make_plan", "parse_shard"]
-
-
-class State(StrEnum):
-    """Where a planned variant stands before the build (the module docstring says each)."""
-
-    PRESENT = "present"
-    NEW = "new"
-    STALE = "stale"
-    FAILED = "failed"
-    REJECTED = "rejected"
-
-
-STATES = tuple(State)
+__all__ = ["Plan", "PlanItem", "in_shard", "make_plan", "parse_shard"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +186,7 @@ def _holds(last: FailureState | None, state: VariantState | None, prov: Provenan
     """Whether the registry already records this planner rejection as the key's latest word."""
     return (
         last is not None
-        and last.kind == "rejected"
+        and last.kind == Status.REJECTED
         and last.reason == reason
         and last.same_inputs(prov)
         and (state is None or last.id_after(state))
@@ -225,11 +212,11 @@ def _classify(
     newer_failure = last is not None and (state is None or last.id_after(state))
     reason = _staleness(state, prov, policy) if state is not None else None
     if newer_failure and last.same_inputs(prov):  # type: ignore[union-attr]
-        if last.kind == "rejected" and not (retry_failed and _judged_without_sass(last)):  # type: ignore[union-attr]
+        if last.kind == Status.REJECTED and not (retry_failed and _judged_without_sass(last)):  # type: ignore[union-attr]
             return PlanItem(variant, State.REJECTED, last.reason, last.stage, True)  # type: ignore[union-attr]
         # A failure recorded after another builder stored these very inputs (the two raced)
         # does not take back the artifact: the variant is present.
-        if last.kind == "failed" and not retry_failed and (state is None or reason):  # type: ignore[union-attr]
+        if last.kind == Status.FAILED and not retry_failed and (state is None or reason):  # type: ignore[union-attr]
             return PlanItem(variant, State.FAILED, last.reason, last.stage, True)  # type: ignore[union-attr]
     if state is None:
         return PlanItem(variant, State.NEW)

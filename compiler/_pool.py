@@ -19,9 +19,10 @@ from multiprocessing.connection import wait
 from typing import TYPE_CHECKING
 
 from ._child import CompileChild
-from ._driver import TRANSIENT, CompileJob, CompileOutcome
+from ._driver import CompileJob, CompileOutcome
 from ._executor import Executor
 from ._sass import has_nvdisasm
+from ._status import Status
 from .errors import ExecutorError
 
 if TYPE_CHECKING:
@@ -96,7 +97,9 @@ class LocalExecutor(Executor):
                     for lost in [j for j in pending if j.arch == arch]:
                         pending.remove(lost)
                         on_outcome(
-                            CompileOutcome.worker_failure(lost, TRANSIENT, reason, log=failed.start_log)
+                            CompileOutcome.worker_failure(
+                                lost, Status.TRANSIENT, reason, log=failed.start_log
+                            )
                         )
                 if not pool:
                     break

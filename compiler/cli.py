@@ -26,10 +26,11 @@ from b12x_aot.registry import Column, Output, RegistryError, RegistryStore, regi
 from ._arch import ARCHS
 from ._build import BuildSummary, check_executor, run_build
 from ._executors import EXECUTOR_FORMS, executor_from
-from ._plan import STATES, Plan, State, make_plan, parse_shard
+from ._plan import Plan, make_plan, parse_shard
 from ._probe import check_entries
 from ._progress import BuildProgress
 from ._spec import Spec, load_specs
+from ._status import STATES, State
 from ._toolchain import current_toolchain
 from ._variants import parse_where
 from .errors import CompilerError

@@ -20,10 +20,11 @@ from click.testing import CliRunner, Result
 from sqlalchemy.exc import OperationalError
 
 from b12x_aot.compiler import _child, _pool, _sass, cli
-from b12x_aot.compiler._driver import TRANSIENT, CompileJob, CompileOutcome
+from b12x_aot.compiler._driver import CompileJob, CompileOutcome
 from b12x_aot.compiler._executor import Executor
 from b12x_aot.compiler._plan import Plan, make_plan
 from b12x_aot.compiler._spec import load_specs
+from b12x_aot.compiler._status import Status
 from b12x_aot.compiler._toolchain import current_toolchain
 from b12x_aot.registry import (
     BlobDirError,
@@ -46,7 +47,7 @@ def plan_of(spec: Path, store: RegistryStore | None = None, **kwargs: object) ->
     return make_plan(load_specs([spec]), store, toolchain=current_toolchain(), **kwargs)  # type: ignore[arg-type]
 
 
-def record(db: Path, plan: Plan, kind: str, stage: str, reason: str) -> None:
+def record(db: Path, plan: Plan, kind: Status, stage: str, reason: str) -> None:
     """A failure of ``kind`` for the plan's first variant, as an earlier build recorded it."""
     store = RegistryStore.open(db, create=True)
     try:
@@ -93,7 +94,7 @@ class FakeExecutor(Executor):
     ) -> None:
         for job in jobs:
             self.seen.append(job.variant.key)
-            on_outcome(CompileOutcome(job.variant, "failed", "compile", "fake", "", 0.0))
+            on_outcome(CompileOutcome(job.variant, Status.FAILED, "compile", "fake", "", 0.0))
 
 
 # --- 1. nvdisasm missing -------------------------------------------------------------------
@@ -176,7 +177,7 @@ def test_retry_failed_retries_rejections_made_without_sass(tmp_path: Path) -> No
     record(
         db,
         plan_of(spec),
-        "rejected",
+        Status.REJECTED,
         "limits",
         "stack frame bytes (no SASS to count spills) 8 > max_spill_bytes 0",
     )
@@ -202,13 +203,14 @@ FLAKY_START = (
     "import os, sys\n"
     "from b12x_aot.compiler import _child\n"
     "from b12x_aot.compiler._driver import CompileOutcome\n"
+    "from b12x_aot.compiler._status import Status\n"
     "marker = os.path.join(sys.argv[2], 'started-once')\n"
     "def prepare(arch, scratch):\n"
     "    if not os.path.exists(marker):\n"
     "        open(marker, 'w').close()\n"
     "        raise RuntimeError('first start fails')\n"
     "_child.prepare_worker = prepare\n"
-    "_child.compile_job = lambda job: CompileOutcome(job.variant, 'failed', 'compile', 'fake', '', 0.0)\n"
+    "_child.compile_job = lambda job: CompileOutcome(job.variant, Status.FAILED, 'compile', 'fake', '', 0.0)\n"
     "_child.main()\n"
 )
 
@@ -239,7 +241,7 @@ def test_children_that_never_start_end_jobs_as_transient_with_the_traceback(
     # Bounded: no new child after START_ATTEMPTS failures (one already starting may add one).
     assert _pool.START_ATTEMPTS <= len(started) <= _pool.START_ATTEMPTS + 1
     for outcome in outcomes:
-        assert (outcome.status, outcome.stage) == (TRANSIENT, "worker")
+        assert (outcome.status, outcome.stage) == (Status.TRANSIENT, "worker")
         assert "failed to start: ImportError: libcuda.so.1" in outcome.reason
         assert f"({len(started)} attempts)" in outcome.reason
         assert "Traceback (most recent call last)" in outcome.log and "def prepare" not in outcome.log
@@ -256,7 +258,7 @@ def test_one_child_failing_to_start_fails_no_job(monkeypatch: pytest.MonkeyPatch
 def test_a_transient_failure_is_planned_again(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "s.yaml", ONE_VARIANT)
     db = tmp_path / "r.db"
-    record(db, plan_of(spec), TRANSIENT, "worker", "compile worker for sm_90a failed to start")
+    record(db, plan_of(spec), Status.TRANSIENT, "worker", "compile worker for sm_90a failed to start")
     store = RegistryStore.open(db, read_only=True)
     try:
         counts = plan_of(spec, store).counts()
@@ -273,7 +275,7 @@ def test_dry_run_leaves_the_registry_untouched_and_expands_home(
 ) -> None:
     spec = write_spec(tmp_path, "s.yaml", ONE_VARIANT)
     db = tmp_path / "r.db"
-    record(db, plan_of(spec), "failed", "compile", "broken")
+    record(db, plan_of(spec), Status.FAILED, "compile", "broken")
     with sqlite3.connect(db) as conn:
         conn.execute("PRAGMA journal_mode = DELETE")
     before = db.read_bytes()
