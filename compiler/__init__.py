@@ -13,7 +13,7 @@ from ._dask import DaskExecutor
 from ._driver import CompileJob, CompileOutcome, compile_job, prepare_worker
 from ._executor import Executor
 from ._executors import executor_from
-from ._plan import Plan, PlanItem, in_shard, make_plan, parse_shard
+from ._plan import Plan, PlanItem, PlanRequest, in_shard, make_plan, parse_shard
 from ._pool import LocalExecutor
 from ._sass import find_nvdisasm, sass_histograms
 from ._spec import ArgTemplate, Limits, Spec, load_spec, load_specs
@@ -58,6 +58,7 @@ __all__ = [
     "LocalExecutor",
     "Plan",
     "PlanItem",
+    "PlanRequest",
     "Pruned",
     "Rejection",
     "Spec",

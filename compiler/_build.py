@@ -11,18 +11,18 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from types import TracebackType
+from typing import Any, Protocol
 
 from b12x_aot.registry import FailureRecord, RegistryStore, RegistryWriter, VariantRecord
 
 from ._driver import CompileJob, CompileOutcome
 from ._executor import Executor
 from ._plan import Plan
-from ._sass import sass_refusal
 from ._status import State, Status
 from ._variants import Variant
 
-__all__ = ["BuildSummary", "Tally", "check_executor", "run_build"]
+__all__ = ["BuildSummary", "Progress", "Tally", "run_build"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,23 +123,17 @@ def _settled(plan: Plan, writer: RegistryWriter, build_id: int, summary: BuildSu
         bucket.append(_reported(item.variant, item.stage, item.reason, item.recorded))
 
 
-def check_executor(plan: Plan, executor: Executor) -> str | None:
-    """Refuse ``executor`` unless it judges ``plan`` as any other executor would: every process
-    that may compile its jobs shares this toolchain (:meth:`Executor.check`) and, when a spec's
-    limits need SASS, has nvdisasm (:func:`sass_refusal`). Raises :class:`ToolchainError`.
-    Returns a warning to show when nvdisasm is missing but no limit needs it, else None."""
-    if not plan.to_compile():
-        return None
-    executor.check(plan)
-    missing = executor.without_nvdisasm()
-    if not missing:
-        return None
-    if needing := plan.needs_sass():
-        raise sass_refusal(needing, missing)
-    return (
-        f"nvdisasm not found on {', '.join(missing)} (install nvidia-cuda-nvdisasm, the [sass] "
-        "extra): SASS histograms and spill counts will be recorded as unknown"
-    )
+class Progress(Protocol):
+    """Shows a build's :class:`Tally` as it changes (on a terminal,
+    :class:`~._progress.BuildProgress`)."""
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+    def update(self, tally: Tally) -> None: ...
 
 
 def run_build(
@@ -149,16 +143,47 @@ def run_build(
     executor: Executor,
     timeout: float | None,
     command: str,
-    on_progress: Callable[[Tally], None] = lambda tally: None,
+    progress: Callable[[int], Progress] | None = None,
+    warn: Callable[[str], None] = lambda message: None,
 ) -> BuildSummary:
     """Compile the plan's new and stale variants on ``executor`` and record every outcome.
 
     This process is the only one that writes ``store``: the executor's workers only compile and
-    return outcomes. Before anything is recorded, :func:`check_executor` must accept the
-    executor (it raises :class:`ToolchainError` otherwise).
+    return outcomes. First the executor must judge the plan as any other executor would
+    (:func:`_check_executor`): a refusal raises :class:`ToolchainError` before anything is
+    recorded or shown, and its warning goes to ``warn``. Only then is ``progress`` made, for the
+    number of variants to compile, and entered to show every tally until the build ends.
     """
+    if (warning := _check_executor(plan, executor)) is not None:
+        warn(warning)
+    if progress is None:
+        return _run(plan, store, executor, timeout, command, lambda tally: None)
+    shown = progress(len(plan.to_compile()))
+    with shown:
+        return _run(plan, store, executor, timeout, command, shown.update)
+
+
+def _check_executor(plan: Plan, executor: Executor) -> str | None:
+    """Refuse ``executor`` unless it judges ``plan`` as any other executor would: every process
+    that may compile its jobs shares this toolchain (:meth:`Executor.check`), and those without
+    nvdisasm are ones the plan accepts (:meth:`Plan.check_nvdisasm`). Raises
+    :class:`ToolchainError`; returns the plan's warning, else None."""
+    if not plan.to_compile():
+        return None
+    executor.check(plan)
+    return plan.check_nvdisasm(executor.without_nvdisasm())
+
+
+def _run(
+    plan: Plan,
+    store: RegistryStore,
+    executor: Executor,
+    timeout: float | None,
+    command: str,
+    on_progress: Callable[[Tally], None],
+) -> BuildSummary:
+    """Begin the build's row, record what the plan settled, compile the rest, finish the row."""
     todo = {item.variant.key: item for item in plan.to_compile()}
-    check_executor(plan, executor)
     start = time.monotonic()
     writer = RegistryWriter(store)
     shard = f"{plan.shard[0]}/{plan.shard[1]}" if plan.shard else None

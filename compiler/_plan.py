@@ -9,14 +9,19 @@ Combinations the spec's constraints prune are not variants: the plan counts them
 constraint (:class:`~._variants.Pruned`).
 A ``timeout`` or ``transient`` failure is not a verdict on the inputs: the variant plans as new
 or stale again.
+
+A build asks for its plan with a :class:`PlanRequest`, read from its options (an --arch that no
+spec lists is refused there); the plan then holds what it must before anything compiles: each
+kernel entry matches its spec and, where a spec's limits need SASS, every process that will
+compile its jobs has nvdisasm (:meth:`Plan.check_nvdisasm`).
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +36,14 @@ from b12x_aot.registry import (
 )
 
 from ._closure import source_closure
+from ._probe import check_entries
+from ._sass import sass_refusal
 from ._spec import Spec
 from ._status import STATES, State, Status
-from ._toolchain import Fingerprint, ptxas_release
-from ._variants import Pruned, Variant, expand
+from ._toolchain import Fingerprint, current_toolchain, ptxas_release
+from ._variants import Pruned, Variant, expand, parse_where
 
-__all__ = ["Plan", "PlanItem", "in_shard", "make_plan", "parse_shard"]
+__all__ = ["Plan", "PlanItem", "PlanRequest", "in_shard", "make_plan", "parse_shard"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +84,20 @@ class Plan:
             {str(i.variant.spec.path) for i in self.to_compile() if i.variant.spec.limits.needs_sass}
         )
 
+    def check_nvdisasm(self, missing: Sequence[str]) -> str | None:
+        """What a missing nvdisasm means for this plan, where ``missing`` names the processes that
+        may compile its jobs and have none ("this machine", "worker tcp://..."). Raises the
+        :func:`sass_refusal` when a spec's limits need the SASS histogram to be decided; else
+        returns the warning to show, or None when nothing is missing."""
+        if not missing:
+            return None
+        if needing := self.needs_sass():
+            raise sass_refusal(needing, missing)
+        return (
+            f"nvdisasm not found on {', '.join(missing)} (install nvidia-cuda-nvdisasm, the [sass] "
+            "extra): SASS histograms and spill counts will be recorded as unknown"
+        )
+
     def provenance_of(self, variant: Variant) -> Provenance:
         return self.provenance[(variant.spec.family, variant.spec.abi)]
 
@@ -97,6 +118,85 @@ class Plan:
             "variants": [item.to_json() for item in self.items],
             "pruned": [p.to_json() for p in self.pruned],
         }
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRequest:
+    """What a build asks to plan: the specs, this environment's toolchain and the selection
+    (:func:`make_plan`'s arguments). Read from the options before the registry is opened, so a
+    selection that cannot hold never makes one; :meth:`plan` then reads the registry."""
+
+    specs: tuple[Spec, ...]
+    toolchain: Toolchain
+    archs: tuple[str, ...] | None = None
+    where: Mapping[str, str] = field(default_factory=dict)
+    shard: tuple[int, int] | None = None
+    toolchain_policy: str = "rebuild"
+    retry_failed: bool = False
+
+    @classmethod
+    def read(
+        cls,
+        specs: Sequence[Spec],
+        *,
+        archs: Sequence[str] = (),
+        where: Sequence[str] = (),
+        shard: str | None = None,
+        toolchain_policy: str = "rebuild",
+        retry_failed: bool = False,
+        warn: Callable[[str], None],
+    ) -> PlanRequest:
+        """The request to plan ``specs`` with the selection as ``b12x-compile`` spells it
+        (``--arch``, ``--where PARAM=VALUE``, ``--shard I/N``), in this environment. Raises
+        ``ValueError`` for a selection that cannot hold (--arch values that no spec lists, a
+        malformed --where or --shard); ``warn`` hears of the --arch values that no spec lists
+        beside some that one does."""
+        _check_archs(archs, specs, warn)
+        where_map = parse_where(where)
+        shard_t = parse_shard(shard) if shard is not None else None
+        return cls(
+            tuple(specs),
+            current_toolchain(),
+            tuple(archs) or None,
+            where_map,
+            shard_t,
+            toolchain_policy,
+            retry_failed,
+        )
+
+    def plan(self, store: RegistryStore | None) -> Plan:
+        """The plan of this request against ``store`` (None: a registry that holds nothing yet),
+        once the kernel entry of every spec with variants to compile matches the spec
+        (:func:`check_entries`: a fault raises :class:`SpecError`, once for its spec)."""
+        plan = make_plan(
+            self.specs,
+            store,
+            toolchain=self.toolchain,
+            archs=self.archs,
+            where=self.where,
+            shard=self.shard,
+            toolchain_policy=self.toolchain_policy,
+            retry_failed=self.retry_failed,
+        )
+        compiling = {id(i.variant.spec): i.variant.spec for i in plan.to_compile()}
+        check_entries(list(compiling.values()))
+        return plan
+
+
+def _check_archs(archs: Sequence[str], specs: Sequence[Spec], warn: Callable[[str], None]) -> None:
+    """Refuse --arch values that select nothing: a build that compiles nothing must not pass."""
+    if not archs:
+        return
+    listed = sorted({arch for spec in specs for arch in spec.archs})
+    unlisted = [arch for arch in archs if arch not in listed]
+    if len(unlisted) == len(archs):
+        raise ValueError(
+            f"no spec lists --arch {', '.join(unlisted)}; the specs list {', '.join(listed) or 'no arch'}"
+        )
+    if unlisted:
+        warn(
+            f"no spec lists --arch {', '.join(unlisted)}; building {', '.join(a for a in archs if a in listed)}"
+        )
 
 
 def parse_shard(text: str) -> tuple[int, int]:

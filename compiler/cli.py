@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import wraps
 from typing import Any, NoReturn
 
@@ -24,15 +24,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from b12x_aot.registry import Column, Output, RegistryError, RegistryStore, registry_url
 
 from ._arch import ARCHS
-from ._build import BuildSummary, check_executor, run_build
+from ._build import BuildSummary, run_build
 from ._executors import EXECUTOR_FORMS, executor_from
-from ._plan import Plan, make_plan, parse_shard
-from ._probe import check_entries
+from ._plan import Plan, PlanRequest
 from ._progress import BuildProgress
-from ._spec import Spec, load_specs
+from ._spec import load_specs
 from ._status import STATES, State
-from ._toolchain import current_toolchain
-from ._variants import parse_where
 from .errors import CompilerError
 
 __all__ = ["main"]
@@ -257,47 +254,33 @@ def main(
     try:
         executor = executor_from(executor_text, jobs=jobs)
         loaded = load_specs(specs)
-        _check_archs(archs, loaded)
-        where_map = parse_where(where)
-        shard_t = parse_shard(shard) if shard is not None else None
-        toolchain = current_toolchain()
-        if not dry_run:
-            store = RegistryStore.open(registry, create=True, blob_dir=blob_dir)
-        elif _exists(registry):
-            # A dry run writes nothing: not even the WAL switch that a read-write open makes.
-            store = RegistryStore.open(registry, read_only=True, blob_dir=blob_dir)
-        plan = make_plan(
+        request = PlanRequest.read(
             loaded,
-            store,
-            toolchain=toolchain,
-            archs=archs or None,
-            where=where_map,
-            shard=shard_t,
+            archs=archs,
+            where=where,
+            shard=shard,
             toolchain_policy=toolchain_policy,
             retry_failed=retry_failed,
+            warn=_warn,
         )
-        compiling = {id(i.variant.spec): i.variant.spec for i in plan.to_compile()}
-        check_entries(list(compiling.values()))
+        store = _open_registry(registry, blob_dir, dry_run)
+        plan = request.plan(store)
         if dry_run:
             _print_plan(out, plan, as_json)
             return
-        assert store is not None
         if jobs is not None and executor_text != "local":
             _warn(f"-j applies to --executor local; {executor.describe()} compiles on its workers")
-        todo = len(plan.to_compile())
+        assert store is not None  # only a dry run plans without one
         with executor:
-            # Before the progress bar: a refusal is the only output.
-            if (warning := check_executor(plan, executor)) is not None:
-                _warn(warning)
-            with BuildProgress(todo, out) as progress:
-                summary = run_build(
-                    plan,
-                    store,
-                    executor=executor,
-                    timeout=timeout,
-                    command=shlex.join(["b12x-compile", *sys.argv[1:]]),
-                    on_progress=progress.update,
-                )
+            summary = run_build(
+                plan,
+                store,
+                executor=executor,
+                timeout=timeout,
+                command=shlex.join(["b12x-compile", *sys.argv[1:]]),
+                progress=lambda total: BuildProgress(total, out),
+                warn=_warn,
+            )
     except CompilerError as exc:
         _fail(exc.format_message(), exc.exit_code, as_json)
     except RegistryError as exc:
@@ -336,20 +319,15 @@ def _print_plan(out: Output, plan: Plan, as_json: bool) -> None:
     out.note(f"{len(plan.to_compile())} to compile; " + ", ".join(f"{v} {k}" for k, v in counts.items()))
 
 
-def _check_archs(archs: tuple[str, ...], loaded: Sequence[Spec]) -> None:
-    """Refuse --arch values that select nothing: a build that compiles nothing must not pass."""
-    if not archs:
-        return
-    listed = sorted({arch for spec in loaded for arch in spec.archs})
-    unlisted = [arch for arch in archs if arch not in listed]
-    if len(unlisted) == len(archs):
-        raise ValueError(
-            f"no spec lists --arch {', '.join(unlisted)}; the specs list {', '.join(listed) or 'no arch'}"
-        )
-    if unlisted:
-        _warn(
-            f"no spec lists --arch {', '.join(unlisted)}; building {', '.join(a for a in archs if a in listed)}"
-        )
+def _open_registry(registry: str, blob_dir: str | None, dry_run: bool) -> RegistryStore | None:
+    """The registry to plan against and build into, made where it is missing. A dry run writes
+    nothing, not even the WAL switch that a read-write open makes: it reads the registry, where
+    one exists (None where none does)."""
+    if not dry_run:
+        return RegistryStore.open(registry, create=True, blob_dir=blob_dir)
+    if _exists(registry):
+        return RegistryStore.open(registry, read_only=True, blob_dir=blob_dir)
+    return None
 
 
 def _exists(registry: str) -> bool:
