@@ -47,6 +47,10 @@ class RegistryOp:
         """Define the ``torch.library`` op (once per namespace)."""
         raise NotImplementedError
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the op with the arguments of its schema (see the family's ``_define``)."""
+        return self.op(*args, **kwargs)
+
     def _launch(
         self, key: Hashable, device: int, choices: Sequence[Mapping[str, Any]], family: str | None = None
     ) -> PreparedLaunch:

@@ -178,17 +178,6 @@ class MoeW4A16Op(RegistryOp):
 
         return moe_w4a16
 
-    def __call__(
-        self,
-        a: torch.Tensor,
-        w: torch.Tensor,
-        scales: torch.Tensor,
-        route_ids: torch.Tensor,
-        num_experts: int,
-        output_dtype: torch.dtype,
-    ) -> torch.Tensor:
-        return self.op(a, w, scales, route_ids, num_experts, output_dtype)
-
 
 def register_moe_w4a16(
     registry: Registry, *, abi: int = 1, namespace: str = "b12x", **policy: Any

@@ -71,16 +71,6 @@ class TopKSumOp(RegistryOp):
 
         return topk_sum
 
-    def __call__(
-        self,
-        routed: torch.Tensor,
-        weights: torch.Tensor,
-        route_ids: torch.Tensor,
-        num_experts: int,
-        output_dtype: torch.dtype,
-    ) -> torch.Tensor:
-        return self.op(routed, weights, route_ids, num_experts, output_dtype)
-
 
 def register_topk_sum(registry: Registry, *, abi: int = 1, namespace: str = "b12x") -> TopKSumOp:
     """Define ``{namespace}::topk_sum`` over ``registry``. Call once per namespace."""
