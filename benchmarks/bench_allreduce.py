@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from b12x_aot.comm import ENV_RANK, Communicator, Policy, create_local_group, read_launch_env
+from b12x_aot.comm._policy import ABI, FAMILY
 from b12x_aot.loader import Registry
 
 from _timing import emit, ratio_table
@@ -114,7 +115,8 @@ def shapes(registry: Registry, world: int, opts: argparse.Namespace) -> list[tup
     for e in registry.entries():
         p = e.params
         if (
-            e.family == "comm.allreduce"
+            e.family == FAMILY
+            and e.abi == ABI
             and e.arch == arch
             and p["world"] == world
             and p["dtype"] == opts.dtype

@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 FAMILY = "comm.allreduce"
-ABI = 1
+ABI = 2  # 2: worlds up to 16, the window layout of MAX_WORLD 16
 ALGORITHMS = ("oneshot", "twoshot")
 TRANSPORTS = ("pull", "push")
 DTYPE_BYTES: Mapping[str, int] = {"bf16": 2, "fp16": 2}

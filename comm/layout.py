@@ -7,11 +7,12 @@ runtime agree on. Every rank owns one window (device memory that its peers map),
     4      u32  arrive        CTAs of the current call that have finished (reset by the last)
     8      u64  timeout_ns    how long a barrier waits for a peer before giving up
     16     u64  error_ptr     device address of the host-mapped error record (ERROR_*)
-    64     u64  peers[8]      each rank's window base, as mapped in this process
+    64     u64  peers[MAX_WORLD]
+                              each rank's window base, as mapped in this process (zero past world)
     256    u32  flags[2][MAX_BLOCKS][MAX_WORLD]
                               flags[bar][block][src]: the generation rank src last signalled
                               at barrier bar for CTA index block (two barriers per call)
-    DATA   data[2][world + 1][slot_bytes]
+    12288  data[2][world + 1][slot_bytes]    at DATA_OFFSET: the flags' end, rounded up to a page
                               two parities (calls % 2) of world + 1 slots: pull uses slot 0
                               as staging and slot world as the reduced-shard area; push uses
                               slot s as the inbox from rank s and slot world as the gather area
@@ -21,7 +22,8 @@ Stdlib only: the runtime imports it on serving machines, and the kernel at trace
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 __all__ = [
     "ARRIVE_OFFSET",
@@ -34,6 +36,7 @@ __all__ = [
     "MAX_BLOCKS",
     "MAX_WORLD",
     "PACK_BYTES",
+    "PAGE_BYTES",
     "PEERS_OFFSET",
     "TIMEOUT_OFFSET",
     "WindowLayout",
@@ -41,7 +44,7 @@ __all__ = [
     "shard",
 ]
 
-MAX_WORLD = 8
+MAX_WORLD = 16
 MAX_BLOCKS = 64
 PACK_BYTES = 16  # the unit of partition: 8 bf16/fp16 elements, one 16-byte vector access
 
@@ -50,8 +53,11 @@ ARRIVE_OFFSET = 4
 TIMEOUT_OFFSET = 8
 ERROR_PTR_OFFSET = 16
 PEERS_OFFSET = 64
-FLAGS_OFFSET = 256
-DATA_OFFSET = 8192  # past FLAGS_OFFSET + 2 * MAX_BLOCKS * MAX_WORLD * 4 = 4352, page-aligned
+FLAGS_OFFSET = 256  # past peers[MAX_WORLD] (64 + 16 * 8 = 192)
+PAGE_BYTES = 4096
+# Past FLAGS_OFFSET + 2 * MAX_BLOCKS * MAX_WORLD * 4 = 8448, page-aligned: 12288. The spec's
+# ctrl shape writes this number out (tests/comm/test_layout_spec.py keeps the two in step).
+DATA_OFFSET = -(-(FLAGS_OFFSET + 2 * MAX_BLOCKS * MAX_WORLD * 4) // PAGE_BYTES) * PAGE_BYTES
 
 # The error record (16 host-mapped bytes): word 0 is 0 while healthy, else
 # ERROR_TIMEOUT | barrier << 24 | missing rank << 16 | block; word 1 the generation waited for.
@@ -64,12 +70,13 @@ def flag_offset(barrier: int, block: int, src: int) -> int:
     return FLAGS_OFFSET + ((barrier * MAX_BLOCKS + block) * MAX_WORLD + src) * 4
 
 
-def shard(index: int, total: int, parts: int) -> tuple[int, int]:
+def shard(index: Any, total: Any, parts: Any, *, minimum: Callable[[Any, Any], Any] = min) -> tuple[Any, Any]:
     """``[start, end)`` of part ``index`` when ``total`` units are cut into ``parts`` contiguous
-    parts whose lengths differ by at most one (the first ``total % parts`` are one longer)."""
-    base, rem = divmod(total, parts)
-    start = index * base + min(index, rem)
-    return start, start + base + (1 if index < rem else 0)
+    parts whose lengths differ by at most one (the first ``total % parts`` are one longer).
+
+    The kernel traces this very arithmetic over its integers, passing the DSL's ``min``."""
+    base, rem = total // parts, total % parts
+    return index * base + minimum(index, rem), (index + 1) * base + minimum(index + 1, rem)
 
 
 class WindowLayout(NamedTuple):

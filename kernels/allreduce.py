@@ -62,6 +62,7 @@ from b12x_aot.comm.layout import (
     PACK_BYTES,
     TIMEOUT_OFFSET,
     flag_offset,
+    shard,
 )
 
 from ._base import AotKernel, dsl_dtype
@@ -88,7 +89,7 @@ from ._ptx import (
 __all__ = ["AllReduce"]
 
 DTYPES = ("bf16", "fp16")
-WORLDS = (2, 4, 8)
+WORLDS = tuple(range(2, MAX_WORLD + 1))
 ALGORITHMS = ("oneshot", "twoshot")
 TRANSPORTS = ("pull", "push")
 
@@ -100,10 +101,9 @@ REDUCE_LOADS = 4
 
 
 def _part(index, total, parts):
-    """``[start, end)`` of part ``index`` of ``total`` units in ``parts`` balanced parts: the rule
-    of ``comm.layout.shard``, over traced integers."""
-    base, rem = total // parts, total % parts
-    return index * base + cutlass.min(index, rem), (index + 1) * base + cutlass.min(index + 1, rem)
+    """``[start, end)`` of part ``index`` of ``total`` units in ``parts`` balanced parts:
+    ``comm.layout.shard`` itself, over traced integers."""
+    return shard(index, total, parts, minimum=cutlass.min)
 
 
 @dataclass(frozen=True)  # frozen: the DSL carries it through traced `if`/`for` as read-only

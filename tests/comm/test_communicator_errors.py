@@ -186,8 +186,8 @@ def test_context_manager_closes() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "problem"),
     [
-        ({"world": 1}, r"world must be an int in \[2, 8\]"),
-        ({"world": 9}, r"world must be an int in \[2, 8\]"),
+        ({"world": 1}, r"world must be an int in \[2, 16\]"),
+        ({"world": 17}, r"world must be an int in \[2, 16\]"),
         ({"world": True}, "world must be"),
         ({"rank": 4}, r"rank must be an int in \[0, world=4\)"),
         ({"rank": -1}, "rank must be"),
@@ -352,7 +352,9 @@ def test_header_image_and_peer_table_follow_the_layout() -> None:
     assert image[:8] == bytes(8)  # calls and arrive start at zero
     assert image[PEERS_OFFSET:FLAGS_OFFSET] == bytes(FLAGS_OFFSET - PEERS_OFFSET)
     table = peer_table([VA, VA + 1, VA + 2])
-    assert struct.unpack(f"<{MAX_WORLD}Q", table) == (VA, VA + 1, VA + 2, 0, 0, 0, 0, 0)
+    assert struct.unpack(f"<{MAX_WORLD}Q", table) == (VA, VA + 1, VA + 2, *[0] * 13)
+    full = peer_table([VA + r for r in range(MAX_WORLD)])  # a full table stops short of the flags
+    assert len(full) == 8 * MAX_WORLD and PEERS_OFFSET + len(full) <= FLAGS_OFFSET
     with pytest.raises(CommArgumentError):
         peer_table([0] * (MAX_WORLD + 1))
 
@@ -360,6 +362,7 @@ def test_header_image_and_peer_table_follow_the_layout() -> None:
 def test_decode_error() -> None:
     assert decode_error(0, 99) is None
     assert decode_error(ERROR_TIMEOUT | 1 << 24 | 7 << 16 | 63, 5) == (1, 7, 63, 5)
+    assert decode_error(ERROR_TIMEOUT | 0 << 24 | 15 << 16 | 2, 9) == (0, 15, 2, 9)  # rank 15 of 16
 
 
 def test_errors_share_the_project_base_not_the_loaders() -> None:
@@ -456,7 +459,7 @@ def test_launcher_refuses_a_device_list_of_the_wrong_length(tmp_path: Path) -> N
 def test_creation_refuses_bad_arguments_before_any_driver_work() -> None:
     from b12x_aot.comm import ThreadRendezvous, create_local_group
 
-    with pytest.raises(CommArgumentError, match=r"world must be an int in \[2, 8\]"):
+    with pytest.raises(CommArgumentError, match=r"world must be an int in \[2, 16\]"):
         create_local_group(None, world=1, capacity_bytes=4096)  # type: ignore[arg-type]
     with pytest.raises(CommArgumentError, match="capacity_bytes must be"):
         Communicator.create(

@@ -2,7 +2,9 @@
 
 Checked against a brute-force owner map (parts laid end to end, the first ``total % parts``
 one unit longer) for every small (total, parts) pair and many large random ones, then as the
-kernels use it twice: packs over ranks (two-shot), then each rank's packs over its CTAs.
+kernels use it twice: packs over ranks (two-shot), then each rank's packs over its CTAs, for
+every world the layout has room for and pack counts that are, and are not, multiples of it.
+The kernel traces ``shard`` itself (``minimum=cutlass.min``), so this is its arithmetic.
 """
 
 from __future__ import annotations
@@ -65,46 +67,71 @@ def grid(num_elements: int, cta_threads: int, blocks: int) -> int:
     return min(blocks, max(-(-num_elements // (8 * cta_threads)), 1))
 
 
-def two_level_cover(packs: int, world: int, ctas: int) -> dict[int, tuple[int, int]]:
-    """Owner (rank, cta) of every pack when packs go to ranks, then each rank's to its CTAs."""
-    owners: dict[int, tuple[int, int]] = {}
-    rank_lengths = []
-    for rank in range(world):
-        lo, hi = shard(rank, packs, world)
-        rank_lengths.append(hi - lo)
-        cta_lengths = []
-        for cta in range(ctas):
-            a, b = shard(cta, hi - lo, ctas)
-            cta_lengths.append(b - a)
-            for pack in range(lo + a, lo + b):
-                assert pack not in owners, f"pack {pack} owned twice"
-                owners[pack] = (rank, cta)
-        assert max(cta_lengths) - min(cta_lengths) <= 1
-    assert max(rank_lengths) - min(rank_lengths) <= 1
-    return owners
+def tiles(spans: list[tuple[int, int]], lo: int, hi: int) -> bool:
+    """Whether the spans, in order, are contiguous and cover ``[lo, hi)`` exactly."""
+    at = lo
+    for start, end in spans:
+        if start != at or end < start:
+            return False
+        at = end
+    return at == hi
 
 
-@pytest.mark.parametrize("world", [2, 4, 8])
-@pytest.mark.parametrize("cta_threads", [256, 512])
-@pytest.mark.parametrize("blocks", [8, 16, 32])
-def test_two_level_cover_owns_every_pack_once(world: int, cta_threads: int, blocks: int) -> None:
-    sizes = {1, world - 1, world, world + 1, 7168 // 8, 3 * 7168 // 8, 16 * 7168 // 8}
-    sizes |= set(range(1, 200)) | {4095, 4096, 4097, 65535, 65536}
-    for packs in sorted(s for s in sizes if s > 0):
-        ctas = grid(packs * 8, cta_threads, blocks)
-        assert 1 <= ctas <= blocks <= MAX_BLOCKS
-        owners = two_level_cover(packs, world, ctas)
-        assert sorted(owners) == list(range(packs))
+def check_two_level(packs: int, world: int, ctas: int) -> None:
+    """Packs to ranks, then each rank's to its CTAs: every pack owned exactly once, nothing past
+    the payload (so no padding), ranks within one pack of each other, CTAs within one pack of
+    each other in every rank's shard and in one-shot's whole range."""
+    shards = [shard(rank, packs, world) for rank in range(world)]
+    assert tiles(shards, 0, packs), (packs, world)
+    sizes = [end - start for start, end in shards]
+    assert max(sizes) - min(sizes) <= 1, (packs, world, sizes)
+    for lo, hi in shards:
+        parts = [shard(cta, hi - lo, ctas) for cta in range(ctas)]
+        assert tiles([(lo + a, lo + b) for a, b in parts], lo, hi), (packs, world, ctas)
+        lengths = [b - a for a, b in parts]
+        assert max(lengths) - min(lengths) <= 1, (packs, world, ctas, lengths)
+    whole = [shard(cta, packs, ctas) for cta in range(ctas)]
+    assert tiles(whole, 0, packs)
+    lengths = [b - a for a, b in whole]
+    assert max(lengths) - min(lengths) <= 1
 
 
-def test_one_shot_cover_over_ctas() -> None:
-    for packs in range(1, 3000, 7):
-        for blocks in (8, 16, 32):
-            ctas = grid(packs * 8, 512, blocks)
-            spans = [shard(c, packs, ctas) for c in range(ctas)]
-            assert [u for s, e in spans for u in range(s, e)] == list(range(packs))
+def pack_counts(world: int) -> set[int]:
+    """1 pack, world - 1, world and world + 1 packs, rows of 7168 and 3584 elements, small and
+    large counts around powers of two."""
+    counts = {1, world - 1, world, world + 1, 2 * world - 1, 2 * world + 1, 4095, 4096, 4097, 65535, 65536}
+    counts |= {t * hidden // 8 for t in (1, 2, 3, 4, 8, 9, 16, 32, 1536) for hidden in (7168, 3584)}
+    counts |= set(range(1, 300))
+    return {c for c in counts if c > 0}
+
+
+@pytest.mark.parametrize("world", range(2, MAX_WORLD + 1))
+def test_two_level_partition_is_balanced_and_covers_every_pack_once(world: int) -> None:
+    for packs in sorted(pack_counts(world)):
+        for cta_threads in (256, 512):
+            for blocks in (8, 16, 32, MAX_BLOCKS):
+                ctas = grid(packs * 8, cta_threads, blocks)
+                assert 1 <= ctas <= blocks <= MAX_BLOCKS
+                check_two_level(packs, world, ctas)
+
+
+def test_two_level_partition_random_counts() -> None:
+    rng = random.Random(20261208)
+    for _ in range(2000):
+        world = rng.randint(2, MAX_WORLD)
+        packs = rng.choice([rng.randint(1, 4 * world), rng.randint(1, 1 << 21)])
+        check_two_level(packs, world, rng.randint(1, MAX_BLOCKS))
+
+
+def test_the_owner_of_each_pack_is_the_brute_force_one() -> None:
+    for world in range(2, MAX_WORLD + 1):
+        for packs in (1, world - 1, world, world + 1, 7 * world + 3):
+            owners = owner_map(packs, world)
+            for rank in range(world):
+                start, end = shard(rank, packs, world)
+                assert [p for p in range(packs) if owners[p] == rank] == list(range(start, end))
 
 
 def test_constants_bound_the_window() -> None:
     assert PACK_BYTES == 16  # 8 bf16/fp16 elements: the multiple-of-8 rule in the runtime
-    assert MAX_WORLD == 8
+    assert MAX_WORLD == 16

@@ -1,9 +1,10 @@
 """comm.allreduce compiles offline for all three archs and keeps the launch contract.
 
 A subset of the real spec (same args, launch and limits) is built with b12x-compile: both
-algorithms and transports, world 2 (bf16) and 8 (fp16). Each cubin's parameter table must be the
-spec's C struct; its SASS must carry the system-scope barrier (fence, release store, acquire
-load, CAS) with no local memory and no NVLink multicast.
+algorithms and transports, world 2 (bf16), 9 and 16 (fp16: an odd world, and the layout's
+widest). Each cubin's parameter table must be the spec's C struct; its SASS must carry the
+system-scope barrier (fence, release store, acquire load, CAS) with no local memory and no
+NVLink multicast.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.dsl
 
 SUBSET = {
     "dtype": ["bf16", "fp16"],
-    "world": [2, 8],
+    "world": [2, 9, 16],
     "algorithm": ["oneshot", "twoshot"],
     "transport": ["pull", "push"],
     "cta_threads": [256],
@@ -55,7 +56,7 @@ def test_builds_every_arch_with_the_spec_param_table(allreduce_registry: Path) -
     ) == sorted(
         (a, w, al, t)
         for a in ARCHS
-        for w in (2, 8)
+        for w in SUBSET["world"]
         for al in SUBSET["algorithm"]
         for t in SUBSET["transport"]
     )
@@ -130,10 +131,12 @@ def test_kernel_rejects_bad_params() -> None:
         "blocks": 8,
     }
     AllReduce(geometry, geometry.bind_static(good), **good)
+    for world in (3, 9, 16):  # every world up to the layout's MAX_WORLD
+        AllReduce(geometry, geometry.bind_static({**good, "world": world}), **{**good, "world": world})
     for bad in (
         {"dtype": "fp32"},
-        {"world": 3},
-        {"world": 16},
+        {"world": 1},
+        {"world": 17},
         {"algorithm": "ring"},
         {"transport": "multicast"},
         {"blocks": 65},
