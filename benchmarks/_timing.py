@@ -26,12 +26,19 @@ SPIN_CYCLES = 100_000  # about 50 us at the H200's 1.98 GHz: longer than a Pytho
 
 
 def host_us_per_call(
-    fn: Callable[[], Any], sync: Callable[[], Any], *, batch: int = 128, batches: int = 60, warmup: int = 5
-) -> dict[str, float]:
+    fn: Callable[[], Any],
+    sync: Callable[[], Any],
+    *,
+    batch: int = 128,
+    batches: int = 60,
+    warmup: int = 5,
+    raw: bool = False,
+) -> dict[str, Any]:
     """Host microseconds per call: time ``batch`` calls, synchronize outside the timer.
 
     Batches stay short enough (<= 256 launches) that the GPU queue never throttles the host.
-    Returns the median and the quartiles over ``batches`` batches.
+    Returns the median and the quartiles over ``batches`` batches; with ``raw``, also every
+    batch's us per call in order (``samples_us``).
     """
     samples: list[float] = []
     for i in range(warmup + batches):
@@ -44,7 +51,10 @@ def host_us_per_call(
         if i >= warmup:
             samples.append(elapsed / batch * 1e6)
     q = statistics.quantiles(samples, n=4)
-    return {"median_us": statistics.median(samples), "p25_us": q[0], "p75_us": q[2]}
+    result: dict[str, Any] = {"median_us": statistics.median(samples), "p25_us": q[0], "p75_us": q[2]}
+    if raw:
+        result["samples_us"] = samples
+    return result
 
 
 def device_ms(
