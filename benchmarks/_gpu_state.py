@@ -19,6 +19,7 @@ __all__ = [
     "GpuState",
     "Unavailable",
     "decode_throttle",
+    "from_json",
     "recorded",
     "sample",
 ]
@@ -191,3 +192,11 @@ def recorded(device: int, *, nvml: Any = None) -> Iterator[dict[str, Any]]:
     states = {"before": sample(device, nvml=nvml).to_json()}
     yield states
     states["after"] = sample(device, nvml=nvml).to_json()
+
+
+def from_json(data: dict[str, Any]) -> GpuState | Unavailable:
+    """The record ``to_json`` wrote (as gathered from other ranks), for printing its line."""
+    if not data["available"]:
+        return Unavailable(data["device"], data["reason"])
+    fields = {k: v for k, v in data.items() if k != "available"}
+    return GpuState(**{**fields, "throttle": tuple(fields["throttle"])})

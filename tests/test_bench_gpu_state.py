@@ -163,3 +163,10 @@ def test_host_us_per_call_keeps_raw_batches_on_request():
     assert len(result["samples_us"]) == 6
     assert min(result["samples_us"]) <= result["median_us"] <= max(result["samples_us"])
     assert "samples_us" not in host_us_per_call(lambda: None, lambda: None, batch=2, batches=4)
+
+
+def test_from_json_round_trips_both_records():
+    state = gs.sample(0, nvml=fake_nvml(mask=0x24))
+    assert gs.from_json(json.loads(json.dumps(state.to_json()))) == state
+    missing = gs.Unavailable(3, "no pynvml")
+    assert gs.from_json(missing.to_json()) == missing
