@@ -58,9 +58,15 @@ def host_us_per_call(
 
 
 def device_ms(
-    fn: Callable[[], Any], *, reps: int = 50, warmup: int = 5, before: Callable[[], Any] | None = None
+    fn: Callable[[], Any],
+    *,
+    reps: int = 50,
+    warmup: int = 5,
+    before: Callable[[], Any] | None = None,
+    samples: list[float] | None = None,
 ) -> float:
-    """Median device milliseconds of ``fn`` measured with CUDA events, one event pair per rep.
+    """Median device milliseconds of ``fn`` measured with CUDA events, one event pair per rep
+    (each rep's ms appended to ``samples`` when given).
 
     ``before`` (say, an L2 flush) runs untimed ahead of every timed rep. Then the GPU spins for
     about 50 us, so the host submits the start event and ``fn``'s launches while it is busy: an
@@ -83,6 +89,8 @@ def device_ms(
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
+    if samples is not None:
+        samples.extend(times)
     return statistics.median(times)
 
 

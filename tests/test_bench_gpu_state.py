@@ -170,3 +170,29 @@ def test_from_json_round_trips_both_records():
     assert gs.from_json(json.loads(json.dumps(state.to_json()))) == state
     missing = gs.Unavailable(3, "no pynvml")
     assert gs.from_json(missing.to_json()) == missing
+
+
+def test_allreduce_prints_one_state_line_per_rank_and_flags_differing_outputs():
+    pytest.importorskip("torch")
+    import bench_allreduce as ar
+
+    states = [gs.sample(r, nvml=fake_nvml(mask=0x4 if r else 0)).to_json() for r in range(2)]
+    printed: list[str] = []
+    ar.show_states(printed.append, "before world=2", states, "")
+    assert printed == [
+        "GPU state before world=2:",
+        "  rank 0: sm 1755/1980 MHz mem 2619/2619 MHz 41 C 120/700 W throttle: none",
+        "  rank 1: sm 1755/1980 MHz mem 2619/2619 MHz 41 C 120/700 W throttle: sw_power_cap",
+    ]
+    printed.clear()
+    ar.show_states(printed.append, "after", [gs.Unavailable(0, "no pynvml").to_json()], "device 0")
+    assert printed == ["GPU state after:", "  device 0: gpu state unavailable: no pynvml"]
+
+    timing = ar.percentiles([3.0, 1.0, 2.0])
+    assert timing["samples_us"] == [3.0, 1.0, 2.0] and timing["median_us"] == 2.0
+    nccl_only = {"world": 9, "variant": "nccl", "bytes": 1024, "nccl_eager": timing, "nccl_graph": timing}
+    assert ar.line(nccl_only).endswith("nccl    2.00 / graph    2.00 us")
+    assert "eager" not in ar.line(nccl_only).split("nccl")[0]
+    ours = {"world": 2, "variant": "oneshot/pull", "bytes": 1024, "eager": timing, "graph": timing}
+    assert "DIFFER" not in ar.line({**ours, "ranks_agree": True})
+    assert ar.line({**ours, "ranks_agree": False}).endswith("OUTPUTS DIFFER BETWEEN RANKS")
