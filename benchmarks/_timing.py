@@ -26,12 +26,19 @@ SPIN_CYCLES = 100_000  # about 50 us at the H200's 1.98 GHz: longer than a Pytho
 
 
 def host_us_per_call(
-    fn: Callable[[], Any], sync: Callable[[], Any], *, batch: int = 128, batches: int = 60, warmup: int = 5
-) -> dict[str, float]:
+    fn: Callable[[], Any],
+    sync: Callable[[], Any],
+    *,
+    batch: int = 128,
+    batches: int = 60,
+    warmup: int = 5,
+    raw: bool = False,
+) -> dict[str, Any]:
     """Host microseconds per call: time ``batch`` calls, synchronize outside the timer.
 
     Batches stay short enough (<= 256 launches) that the GPU queue never throttles the host.
-    Returns the median and the quartiles over ``batches`` batches.
+    Returns the median and the quartiles over ``batches`` batches; with ``raw``, also every
+    batch's us per call in order (``samples_us``).
     """
     samples: list[float] = []
     for i in range(warmup + batches):
@@ -44,13 +51,22 @@ def host_us_per_call(
         if i >= warmup:
             samples.append(elapsed / batch * 1e6)
     q = statistics.quantiles(samples, n=4)
-    return {"median_us": statistics.median(samples), "p25_us": q[0], "p75_us": q[2]}
+    result: dict[str, Any] = {"median_us": statistics.median(samples), "p25_us": q[0], "p75_us": q[2]}
+    if raw:
+        result["samples_us"] = samples
+    return result
 
 
 def device_ms(
-    fn: Callable[[], Any], *, reps: int = 50, warmup: int = 5, before: Callable[[], Any] | None = None
+    fn: Callable[[], Any],
+    *,
+    reps: int = 50,
+    warmup: int = 5,
+    before: Callable[[], Any] | None = None,
+    samples: list[float] | None = None,
 ) -> float:
-    """Median device milliseconds of ``fn`` measured with CUDA events, one event pair per rep.
+    """Median device milliseconds of ``fn`` measured with CUDA events, one event pair per rep
+    (each rep's ms appended to ``samples`` when given).
 
     ``before`` (say, an L2 flush) runs untimed ahead of every timed rep. Then the GPU spins for
     about 50 us, so the host submits the start event and ``fn``'s launches while it is busy: an
@@ -73,6 +89,8 @@ def device_ms(
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
+    if samples is not None:
+        samples.extend(times)
     return statistics.median(times)
 
 

@@ -36,6 +36,8 @@ import torch
 from cuda.bindings import driver as cu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _gpu_state import recorded
+
 from b12x_aot.loader import Registry
 
 from _timing import emit, floor_path, host_us_per_call, ratio_table
@@ -105,7 +107,7 @@ def main() -> None:
     a, b, c = (torch.randn(1024, device="cuda") for _ in range(3))
     paths["torch.add"] = lambda: torch.add(a, b, out=c)
 
-    results, medians = _interleaved(paths, sync, opts)
+    results, medians, series = _interleaved(paths, sync, opts)
 
     graph_us = _graph_node_us(launch, tensors, m, stream_t, opts.batch)
     rows = [(name, medians[name]) for name in paths]
@@ -124,7 +126,7 @@ def main() -> None:
             for family, params, shape in TENSOR_KERNELS:
                 name = family.removeprefix("examples.")
                 t_paths = _tensor_paths(examples.kernel(family, 1, **params), name, params, shape, stream)
-                t_rounds, t_medians = _interleaved(t_paths, sync, opts)
+                t_rounds, t_medians, t_series = _interleaved(t_paths, sync, opts)
                 print(f"\n{family} {params} on {shape}, torch tensors:")
                 print(
                     ratio_table([(n, t_medians[n]) for n in t_paths], unit="us/launch", base=f"{name}/bare")
@@ -140,6 +142,7 @@ def main() -> None:
                     "us_per_launch": t_medians,
                     "rounds": t_rounds,
                     "ratio_to_bare": {k: v / bare_us for k, v in t_medians.items()},
+                    **t_series,
                 }
     for name, ok in checks.items():
         print(f"{name}: {'yes' if ok else 'NO'}")
@@ -149,6 +152,7 @@ def main() -> None:
             "params": PARAMS,
             "us_per_launch": medians,
             "rounds": results,
+            **series,
             "ratio_to_bare": {k: v / medians["bare"] for k, v in medians.items()},
             "graph_us_per_node": graph_us,
             "tensor_kernels": tensor_kernels,
@@ -159,17 +163,22 @@ def main() -> None:
     registry.close()
 
 
-def _interleaved(paths: dict, sync, opts) -> tuple[dict, dict]:
+def _interleaved(paths: dict, sync, opts) -> tuple[dict, dict, dict]:
     """Per path, the median host us per call of each round, and the median round; the paths
-    interleave over the rounds so drift affects all of them alike."""
+    interleave over the rounds so drift affects all of them alike. Also every batch's us per
+    call (``samples_us``: per path, per round) and the GPU's state before and after."""
     results: dict[str, list[float]] = {}
+    samples: dict[str, list[list[float]]] = {}
     rounds = 3
     per_round = max(opts.batches // rounds, 10)
-    for _ in range(rounds):
-        for name, fn in paths.items():
-            r = host_us_per_call(fn, sync, batch=opts.batch, batches=per_round)
-            results.setdefault(name, []).append(r["median_us"])
-    return results, {name: sorted(v)[len(v) // 2] for name, v in results.items()}
+    with recorded(torch.cuda.current_device()) as states:
+        for _ in range(rounds):
+            for name, fn in paths.items():
+                r = host_us_per_call(fn, sync, batch=opts.batch, batches=per_round, raw=True)
+                results.setdefault(name, []).append(r["median_us"])
+                samples.setdefault(name, []).append(r["samples_us"])
+    medians = {name: sorted(v)[len(v) // 2] for name, v in results.items()}
+    return results, medians, {"samples_us": samples, "gpu_state": states}
 
 
 # tensor-argument kernels: (family, params, operand shapes (m, n) or (m, n, k))

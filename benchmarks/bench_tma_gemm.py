@@ -30,6 +30,9 @@ import torch
 from cuda.bindings import driver as cu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _digest import digest
+from _gpu_state import recorded
+
 from b12x_aot.loader import Registry
 
 from _timing import device_ms, emit, floor_path, host_us_per_call, ratio_table
@@ -114,14 +117,60 @@ def _dsl(tensors, stream):
     return compile_for, wrap
 
 
-def _rounds(paths: dict, sync, batch: int, batches: int) -> tuple[dict, dict]:
+def _rounds(paths: dict, sync, batch: int, batches: int) -> tuple[dict, dict, dict]:
+    """Per path, each round's median and the median round; with every batch's us per call
+    (``samples_us``: per path, per round) and the GPU's state before and after."""
     results: dict[str, list[float]] = {}
-    for _ in range(3):  # paths interleave over rounds, so drift affects all alike
-        for name, fn in paths.items():
-            results.setdefault(name, []).append(
-                host_us_per_call(fn, sync, batch=batch, batches=batches)["median_us"]
-            )
-    return results, {name: sorted(v)[1] for name, v in results.items()}
+    samples: dict[str, list[list[float]]] = {}
+    with recorded(torch.cuda.current_device()) as states:
+        for _ in range(3):  # paths interleave over rounds, so drift affects all alike
+            for name, fn in paths.items():
+                r = host_us_per_call(fn, sync, batch=batch, batches=batches, raw=True)
+                results.setdefault(name, []).append(r["median_us"])
+                samples.setdefault(name, []).append(r["samples_us"])
+    medians = {name: sorted(v)[1] for name, v in results.items()}
+    return results, medians, {"samples_us": samples, "gpu_state": states}
+
+
+def _throughput(launch, dsl, stream, seed: int) -> dict:
+    """TFLOP/s of every path at LARGE on operands seeded with ``seed``, once its output agrees
+    with torch.matmul; with each output's digest, every rep's ms and the GPU's state around."""
+    torch.manual_seed(seed)
+    large = _operands(*LARGE)
+    flops = 2 * LARGE[0] * LARGE[1] * LARGE[2]
+    runs = {
+        "registry": lambda: launch(*large),
+        "torch.matmul": lambda: torch.matmul(large[0], large[1].t(), out=large[2]),
+    }
+    if dsl is not None:
+        compile_for, wrap = dsl
+        big, compiled_large = wrap(large), compile_for(large)
+        runs["dsl"] = lambda: compiled_large(*big, stream)
+    outputs = {}
+    for name, fn in runs.items():  # every path must compute the same product before it is timed
+        large[2].zero_()
+        fn()
+        outputs[name] = large[2].clone()
+    reference = outputs["torch.matmul"].float()
+    agree = {n: bool(torch.allclose(o.float(), reference, rtol=1e-2, atol=1e-1)) for n, o in outputs.items()}
+    print(
+        "outputs agree with torch.matmul: "
+        + ", ".join(f"{n} {'yes' if ok else 'NO'}" for n, ok in agree.items())
+    )
+    samples: dict[str, list[float]] = {}
+    with recorded(torch.cuda.current_device()) as states:
+        tflops = {
+            name: flops / device_ms(fn, reps=30, samples=samples.setdefault(name, [])) / 1e9
+            for name, fn in runs.items()
+            if agree[name]
+        }
+    return {
+        "tflops": tflops,
+        "outputs_agree": agree,
+        "output_digests": {name: digest(o) for name, o in outputs.items()},
+        "throughput_samples_ms": samples,
+        "throughput_gpu_state": states,
+    }
 
 
 def main() -> None:
@@ -130,6 +179,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seeds the operands (their outputs' digests compare)"
+    )
     opts = parser.parse_args()
 
     torch.cuda.init()
@@ -155,35 +207,14 @@ def main() -> None:
             wrapped = wrap(small)
             paths["dsl/reuse"] = lambda: compiled(*wrapped, stream)
             paths["dsl/fresh"] = lambda: compiled(*wrap(small), stream)
-        rounds, medians = _rounds(paths, stream_t.synchronize, opts.batch, opts.batches)
+        rounds, medians, launch_series = _rounds(paths, stream_t.synchronize, opts.batch, opts.batches)
         print(f"examples.hopper_gemm {PARAMS} on {SMALL}, {torch.cuda.get_device_name()}:")
         print(ratio_table([(n, medians[n]) for n in paths], unit="us/launch", base="bare"))
         own = medians["prepared"] - medians["floor"]
         print(f"the loader's own host cost over the floor: {own:.2f} us/launch")
 
-        large = _operands(*LARGE)
-        flops = 2 * LARGE[0] * LARGE[1] * LARGE[2]
-        runs = {
-            "registry": lambda: launch(*large),
-            "torch.matmul": lambda: torch.matmul(large[0], large[1].t(), out=large[2]),
-        }
-        if dsl is not None:
-            big, compiled_large = wrap(large), compile_for(large)
-            runs["dsl"] = lambda: compiled_large(*big, stream)
-        outputs = {}
-        for name, fn in runs.items():  # every path must compute the same product before it is timed
-            large[2].zero_()
-            fn()
-            outputs[name] = large[2].clone()
-        reference = outputs["torch.matmul"].float()
-        agree = {
-            n: bool(torch.allclose(o.float(), reference, rtol=1e-2, atol=1e-1)) for n, o in outputs.items()
-        }
-        print(
-            "outputs agree with torch.matmul: "
-            + ", ".join(f"{n} {'yes' if ok else 'NO'}" for n, ok in agree.items())
-        )
-        tflops = {name: flops / device_ms(fn, reps=30) / 1e9 for name, fn in runs.items() if agree[name]}
+        throughput = _throughput(launch, dsl, stream, opts.seed)
+    tflops, agree = throughput["tflops"], throughput["outputs_agree"]
     print(f"\n{LARGE} fp16: " + ", ".join(f"{n} {v:.1f} TFLOP/s" for n, v in tflops.items()))
     checks = {
         "prepared_within_1.2x_bare": medians["prepared"] <= 1.2 * medians["bare"],
@@ -201,8 +232,9 @@ def main() -> None:
             "us_per_launch": medians,
             "rounds": rounds,
             "ratio_to_bare": {k: v / medians["bare"] for k, v in medians.items()},
-            "tflops": tflops,
-            "outputs_agree": agree,
+            "samples_us": launch_series["samples_us"],
+            "gpu_state": launch_series["gpu_state"],
+            **throughput,
             "checks": checks,
         },
         opts.json,
