@@ -120,30 +120,7 @@ def main() -> None:
     if "dsl/fresh" in medians:
         checks["dsl_fresh_over_2.5x_prepared"] = medians["dsl/fresh"] >= 2.5 * medians["prepared"]
         checks["dsl_reuse_over_1.8x_prepared"] = medians["dsl/reuse"] >= 1.8 * medians["prepared"]
-    tensor_kernels = {}
-    if opts.examples_registry:
-        with Registry.open(opts.examples_registry) as examples:
-            for family, params, shape in TENSOR_KERNELS:
-                name = family.removeprefix("examples.")
-                t_paths = _tensor_paths(examples.kernel(family, 1, **params), name, params, shape, stream)
-                t_rounds, t_medians, t_series = _interleaved(t_paths, sync, opts)
-                print(f"\n{family} {params} on {shape}, torch tensors:")
-                print(
-                    ratio_table([(n, t_medians[n]) for n in t_paths], unit="us/launch", base=f"{name}/bare")
-                )
-                bare_us = t_medians[f"{name}/bare"]
-                own = t_medians[f"{name}/prepared"] - t_medians[f"{name}/floor"]
-                print(f"{name}: the loader's own host cost over the floor: {own:.2f} us/launch")
-                checks[f"{name}_prepared_within_1.15x_bare"] = t_medians[f"{name}/prepared"] <= 1.15 * bare_us
-                checks[f"{name}_checked_within_2x_bare"] = t_medians[f"{name}/checked"] <= 2 * bare_us
-                tensor_kernels[family] = {
-                    "params": params,
-                    "shape": shape,
-                    "us_per_launch": t_medians,
-                    "rounds": t_rounds,
-                    "ratio_to_bare": {k: v / bare_us for k, v in t_medians.items()},
-                    **t_series,
-                }
+    tensor_kernels = _tensor_kernels(opts, stream, sync, checks) if opts.examples_registry else {}
     for name, ok in checks.items():
         print(f"{name}: {'yes' if ok else 'NO'}")
     emit(
@@ -161,6 +138,32 @@ def main() -> None:
         opts.json,
     )
     registry.close()
+
+
+def _tensor_kernels(opts, stream, sync, checks: dict) -> dict:
+    """Every path of each tensor-argument example kernel, printed and checked; their records."""
+    tensor_kernels = {}
+    with Registry.open(opts.examples_registry) as examples:
+        for family, params, shape in TENSOR_KERNELS:
+            name = family.removeprefix("examples.")
+            t_paths = _tensor_paths(examples.kernel(family, 1, **params), name, params, shape, stream)
+            t_rounds, t_medians, t_series = _interleaved(t_paths, sync, opts)
+            print(f"\n{family} {params} on {shape}, torch tensors:")
+            print(ratio_table([(n, t_medians[n]) for n in t_paths], unit="us/launch", base=f"{name}/bare"))
+            bare_us = t_medians[f"{name}/bare"]
+            own = t_medians[f"{name}/prepared"] - t_medians[f"{name}/floor"]
+            print(f"{name}: the loader's own host cost over the floor: {own:.2f} us/launch")
+            checks[f"{name}_prepared_within_1.15x_bare"] = t_medians[f"{name}/prepared"] <= 1.15 * bare_us
+            checks[f"{name}_checked_within_2x_bare"] = t_medians[f"{name}/checked"] <= 2 * bare_us
+            tensor_kernels[family] = {
+                "params": params,
+                "shape": shape,
+                "us_per_launch": t_medians,
+                "rounds": t_rounds,
+                "ratio_to_bare": {k: v / bare_us for k, v in t_medians.items()},
+                **t_series,
+            }
+    return tensor_kernels
 
 
 def _interleaved(paths: dict, sync, opts) -> tuple[dict, dict, dict]:
