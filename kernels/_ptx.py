@@ -26,6 +26,7 @@ __all__ = [
     "cp_async_bulk_g2s",
     "cvt_rn_bf16x2_f32",
     "cvt_rn_f16x2_f32",
+    "div_rn_f32",
     "f16x2_to_f32",
     "fence_acq_rel_sys",
     "ld_cg_v4",
@@ -33,9 +34,11 @@ __all__ = [
     "ld_relaxed_gpu_u64",
     "ld_v4_if",
     "ldmatrix_x4",
+    "mul_rn_f32",
     "pack_b64",
     "prmt",
     "red_shared_add_u32",
+    "rsqrt_approx_f32",
     "st_cluster_f32",
     "st_relaxed_gpu_u32",
     "st_relaxed_sys_u32",
@@ -199,8 +202,33 @@ def pack_b64(lo: Uint32, hi: Uint32, *, loc=None, ip=None) -> Int64:
 def add_rn_f32(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
     """``add.rn.f32``: one correctly rounded add. As inline PTX no pass can reassociate it or
     contract it with a multiply, so a chain of these is a fixed summation order (pure)."""
-    values = [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)]
-    return Float32(_asm(T.f32(), values, "add.rn.f32 $0, $1, $2;", "=f,f,f", pure=True, loc=loc, ip=ip))
+    return _f32_op("add.rn.f32 $0, $1, $2;", (a, b), loc, ip)
+
+
+def _f32_op(ptx: str, operands: tuple, loc, ip) -> Float32:
+    """One pure fp32 instruction of ``operands`` as inline PTX (never reassociated or fused)."""
+    values = [Float32(x).ir_value(loc=loc, ip=ip) for x in operands]
+    constraints = ",".join(["=f"] + ["f"] * len(values))
+    return Float32(_asm(T.f32(), values, ptx, constraints, pure=True, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def mul_rn_f32(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """``mul.rn.f32``: one correctly rounded multiply, never contracted into an fma (pure)."""
+    return _f32_op("mul.rn.f32 $0, $1, $2;", (a, b), loc, ip)
+
+
+@dsl_user_op
+def div_rn_f32(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """``div.rn.f32``: the IEEE correctly rounded quotient (pure)."""
+    return _f32_op("div.rn.f32 $0, $1, $2;", (a, b), loc, ip)
+
+
+@dsl_user_op
+def rsqrt_approx_f32(a: Float32, *, loc=None, ip=None) -> Float32:
+    """``rsqrt.approx.f32``: 1/sqrt(a), within 2^-22.9 relative; the same bits for the same input
+    on a given GPU model (pure)."""
+    return _f32_op("rsqrt.approx.f32 $0, $1;", (a,), loc, ip)
 
 
 def _unpack_f32x2(packed: Uint32, ptx: str, loc, ip) -> tuple[Float32, Float32]:

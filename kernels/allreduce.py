@@ -349,15 +349,26 @@ class AllReduce(AotKernel):
 
     def sum_pack(self, srcs: list, off: Int64) -> list[Uint32]:
         """One pack of the ordered sum ``((x_0 + x_1) + ...)``, rounded once."""
-        bf16 = self.element is cutlass.BFloat16
-        widen = bf16x2_to_f32 if bf16 else f16x2_to_f32
-        narrow = cvt_rn_bf16x2_f32 if bf16 else cvt_rn_f16x2_f32
+        return self.narrow(self.sum_f32(srcs, off))
+
+    def sum_f32(self, srcs: list, off: Int64) -> list[Float32]:
+        """One pack of the ordered sum ``((x_0 + x_1) + ...)``, still in fp32."""
         packs = [ld_cg_v4(src + off) for src in srcs]  # every rank's pack in flight at once
         acc: list[Float32] = []
         for r, pack in enumerate(packs):
-            values = [x for word in pack for x in widen(word)]  # element 2i in the low half
+            values = self.widen(pack)
             acc = values if r == 0 else [add_rn_f32(a, x) for a, x in zip(acc, values, strict=True)]
-        return [narrow(acc[2 * i + 1], acc[2 * i]) for i in range(len(acc) // 2)]
+        return acc
+
+    def widen(self, pack) -> list[Float32]:
+        """A pack's 8 elements in fp32, exactly (element 2i in the low half of word i)."""
+        widen = bf16x2_to_f32 if self.element is cutlass.BFloat16 else f16x2_to_f32
+        return [x for word in pack for x in widen(word)]
+
+    def narrow(self, values: list) -> list[Uint32]:
+        """fp32 values rounded once, to nearest even, into packed words of the dtype."""
+        narrow = cvt_rn_bf16x2_f32 if self.element is cutlass.BFloat16 else cvt_rn_f16x2_f32
+        return [narrow(values[2 * i + 1], values[2 * i]) for i in range(len(values) // 2)]
 
     # --- cross-GPU barrier and call counter ------------------------------------------------
 
