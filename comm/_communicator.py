@@ -19,6 +19,7 @@ from b12x_aot.contract import DTYPES
 from b12x_aot.loader import Registry
 
 from ._device import current_device, decode_error, raw_stream
+from ._fused import check_operands, check_rows
 from ._policy import ALGORITHMS, DTYPE_BYTES, TRANSPORTS, Policy, Settings
 from ._rendezvous import Rendezvous, UnixSocketRendezvous
 from ._settings import read_launch_env
@@ -64,6 +65,7 @@ class Communicator:
         "_closed",
         "_ctrl",
         "_error_words",
+        "_fused",
         "_launches",
         "_peers_ptr",
         "_resources",
@@ -91,6 +93,7 @@ class Communicator:
         self._ctrl = built.window_va
         self._peers_ptr = built.window_va + PEERS_OFFSET
         self._launches = built.launches
+        self._fused = built.fused
         self._error_words = built.error_words
         self._stream = built.stream
         self._resources = resources
@@ -289,6 +292,67 @@ class Communicator:
             self._launch(out.data_ptr(), inp.data_ptr(), n, dtype, stream, algorithm, transport)
         return out
 
+    def all_reduce_rmsnorm(
+        self,
+        inp: Any,
+        residual: Any,
+        gamma: Any,
+        eps: float,
+        *,
+        out: Any = None,
+        residual_out: Any = None,
+        stream: Any = None,
+    ) -> tuple[Any, Any]:
+        """``y = all_reduce(inp) + residual``, ``residual_out = y``, ``out = rmsnorm(y) * gamma``
+        in one launch; returns ``(out, residual_out)`` (each ``torch.empty_like(inp)`` when None).
+
+        ``inp`` and ``residual`` are contiguous ``(..., hidden)`` CUDA tensors of one of the
+        communicator's dtypes, ``gamma`` is ``(hidden,)`` of that dtype, and the rows (tokens)
+        are at most the chosen variant's limit (64 at most) and fit ``capacity_bytes``. Each
+        output may be ``inp`` or ``residual`` itself. Every rank gets the same bits; the order
+        of every fp32 operation is kernels/allreduce_rmsnorm.py's (docs/allreduce.md).
+        Zero rows launch nothing. Raises like :meth:`all_reduce`.
+        """
+        if self._error_words[0]:
+            raise self._timeout_error()
+        if self._closed:
+            raise CommClosedError(self.rank)
+        names = self._torch_names if self._torch_names is not None else self._bind_torch()
+        dtype = names.get(getattr(inp, "dtype", None))
+        if dtype is None:
+            raise CommArgumentError(
+                "all_reduce_rmsnorm inp",
+                f"must be a tensor of one of the communicator's dtypes {self.dtypes}",
+                getattr(inp, "dtype", type(inp).__name__),
+            )
+        if inp.device.type != "cuda" or inp.device.index != self.device:
+            raise CommArgumentError("all_reduce_rmsnorm inp", f"must be on cuda:{self.device}", inp.device)
+        if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 <= eps < float("inf"):
+            raise CommArgumentError("all_reduce_rmsnorm eps", "must be a finite number >= 0", repr(eps))
+        out = self._torch.empty_like(inp) if out is None else out
+        residual_out = self._torch.empty_like(inp) if residual_out is None else residual_out
+        rows, hidden = check_operands(inp, residual, gamma, out, residual_out)
+        if rows:
+            fused = self._fused.get((dtype, hidden))
+            check_rows(self.rank, fused, dtype, rows, hidden, self._slot_bytes)
+            if stream is not None and stream.__class__ is not int:
+                stream = raw_stream(stream)
+            fused.launch(  # type: ignore[union-attr]
+                out.data_ptr(),
+                residual_out.data_ptr(),
+                inp.data_ptr(),
+                residual.data_ptr(),
+                gamma.data_ptr(),
+                self._peers_ptr,
+                self._ctrl,
+                self.rank,
+                rows,
+                self._capacity,
+                float(eps),
+                stream=stream,
+            )
+        return out, residual_out
+
     def all_reduce_raw(
         self,
         out_ptr: int,
@@ -402,6 +466,7 @@ class Communicator:
             return
         self._closed = True
         self._launches = {}
+        self._fused = {}
         self._error_words = (ctypes.c_uint32 * 4)()  # the record is freed below; stop reading it
         self._resources.close()
 

@@ -28,6 +28,7 @@ from b12x_aot.loader import Kernel, PreparedLaunch, Registry
 
 from ._device import DeviceContext, ErrorRecord, check, raw_stream
 from ._exchange import FdServer, fetch_fd
+from ._fused import FusedLaunch, choose_fused, load_fused
 from ._policy import ABI, FAMILY, Settings, Variant, choose_variants, required_keys
 from ._rendezvous import Rendezvous
 from ._window import Window
@@ -56,6 +57,7 @@ class PeerInfo:
     dtypes: tuple[str, ...] = ()
     variants: tuple[tuple[Any, ...], ...] = ()
     policy: tuple[Any, ...] = ()  # the Policy's fields: every rank must pick the same algorithm
+    fused: tuple[tuple[Any, ...], ...] = ()  # the comm.allreduce_rmsnorm variants loaded
     error: str = ""
 
     def encode(self) -> bytes:
@@ -68,6 +70,7 @@ class PeerInfo:
             raw["dtypes"] = tuple(raw["dtypes"])
             raw["variants"] = tuple(tuple(v) for v in raw["variants"])
             raw["policy"] = tuple(raw["policy"])
+            raw["fused"] = tuple(tuple(v) for v in raw["fused"])
             return cls(**raw)
         except (ValueError, TypeError, KeyError) as exc:
             raise RendezvousError(
@@ -97,6 +100,7 @@ def check_peers(me: PeerInfo, infos: Sequence[PeerInfo]) -> None:
             ("dtypes", me.dtypes, info.dtypes),
             ("the policy", me.policy, info.policy),
             ("the chosen comm.allreduce variants", me.variants, info.variants),
+            ("the loaded comm.allreduce_rmsnorm variants", me.fused, info.fused),
             ("the host", me.hostname, info.hostname),
         ):
             if ours != theirs:
@@ -180,6 +184,7 @@ class Built(NamedTuple):
 
     variants: dict[tuple[str, str, str], Variant]
     launches: dict[tuple[str, str, str], PreparedLaunch]
+    fused: dict[tuple[str, int], FusedLaunch]  # by (dtype, hidden)
     window_va: int
     error_words: Any  # the host view of the error record
     stream: Any  # the default launch stream (None: the loader's default)
@@ -258,6 +263,9 @@ def build(
         variants, kernels = _preload(registry, device, settings, stream)
         per_sm = {key: _resident_per_sm(ctx, kernel) for key, kernel in kernels.items()}
         launches = {key: k.prepare(device=device, stream=stream) for key, k in kernels.items()}
+        fused_kernels = load_fused(registry, device, settings, stream)
+        fused_per_sm = {v: _resident_per_sm(ctx, k) for v, k in fused_kernels.items()}
+        fused_launches = {v: k.prepare(device=device, stream=stream) for v, k in fused_kernels.items()}
         resources.window = window = Window.allocate(ctx, layout.bytes)
         resources.error = ErrorRecord(ctx)
         window.reset_control(int(settings.timeout_s * 1e9), resources.error.device_ptr)
@@ -276,6 +284,7 @@ def build(
             dtypes=dtypes,
             variants=tuple(tuple(v) for _, v in sorted(variants.items())),
             policy=astuple(settings.policy),
+            fused=tuple(tuple(v) for v in sorted(fused_kernels)),
         )
     except Exception as exc:  # re-raised below, once the peers have heard of it
         local_error = exc
@@ -312,6 +321,7 @@ def build(
         for key, launch in launches.items():
             if per_sm[key] * sms < variants[key].blocks * sharing:
                 raise OccupancyError(launch.name, variants[key].blocks, sharing, per_sm[key], sms)
+        fused = choose_fused(fused_launches, fused_per_sm, sms, sharing)
     except Exception as exc:  # re-raised after the barrier, once the peers have heard of it
         local_error = exc
         status = f"{type(exc).__name__}: {exc}".encode()
@@ -323,4 +333,4 @@ def build(
     # Every peer has imported our window: the fd and its server are no longer needed.
     resources.server.close()  # type: ignore[union-attr]
     window.close_fd()
-    return Built(variants, launches, window.va, resources.error.words, stream)  # type: ignore[union-attr]
+    return Built(variants, launches, fused, window.va, resources.error.words, stream)  # type: ignore[union-attr]

@@ -1,7 +1,9 @@
-"""The all-reduce torch op over communicators of :mod:`b12x_aot.comm`.
+"""The all-reduce torch ops over communicators of :mod:`b12x_aot.comm`.
 
 ``register_all_reduce(comm)`` returns an op ``b12x::all_reduce(inp, handle) -> out`` bound to
-``comm``: functional, with a fake (meta) implementation, so it runs eagerly, inside CUDA graphs
+``comm``, whose :meth:`AllReduceOp.rmsnorm` calls the fused
+``b12x::all_reduce_rmsnorm(inp, residual, gamma, eps, handle) -> (out, residual_out)``
+(``Communicator.all_reduce_rmsnorm``). Both are functional, with a fake (meta) implementation, so it runs eagerly, inside CUDA graphs
 and under ``torch.compile(fullgraph=True)``. It launches on torch's current stream, validates
 its input at the boundary (the communicator's own checks: dtype, device, contiguity, a
 multiple of 8 elements, capacity), and every rank must call it in the same order, as any
@@ -24,40 +26,66 @@ __all__ = ["AllReduceOp", "register_all_reduce"]
 _lock = threading.Lock()
 _handles = itertools.count(1)
 _communicators: dict[int, Communicator] = {}
-_ops: dict[str, Any] = {}  # namespace -> the op
+_ops: dict[str, tuple[Any, Any]] = {}  # namespace -> the ops (all_reduce, all_reduce_rmsnorm)
 
 
-def _define(namespace: str) -> Any:
+def _communicator(handle: int) -> Communicator:
+    comm = _communicators.get(handle)
+    if comm is None:
+        raise CommArgumentError(
+            "all_reduce handle",
+            "names no registered communicator",
+            handle,
+            "Register the communicator with register_all_reduce(comm) and call the op it returns",
+        )
+    return comm
+
+
+def _define(namespace: str) -> tuple[Any, Any]:
     @torch.library.custom_op(f"{namespace}::all_reduce", mutates_args=())
     def all_reduce(inp: torch.Tensor, handle: int) -> torch.Tensor:
-        comm = _communicators.get(handle)
-        if comm is None:
-            raise CommArgumentError(
-                "all_reduce handle",
-                "names no registered communicator",
-                handle,
-                "Register the communicator with register_all_reduce(comm) and call the op it returns",
-            )
-        return comm.all_reduce(inp, stream=torch.cuda.current_stream(inp.device))
+        return _communicator(handle).all_reduce(inp, stream=torch.cuda.current_stream(inp.device))
 
     @all_reduce.register_fake
     def _(inp, handle):  # type: ignore[no-untyped-def]
         torch._check(inp.numel() % 8 == 0, lambda: "all_reduce: the element count must be a multiple of 8")
         return torch.empty_like(inp)
 
-    return all_reduce
+    @torch.library.custom_op(f"{namespace}::all_reduce_rmsnorm", mutates_args=())
+    def all_reduce_rmsnorm(
+        inp: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor, eps: float, handle: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        stream = torch.cuda.current_stream(inp.device)
+        return _communicator(handle).all_reduce_rmsnorm(inp, residual, gamma, eps, stream=stream)
+
+    @all_reduce_rmsnorm.register_fake
+    def _(inp, residual, gamma, eps, handle):  # type: ignore[no-untyped-def]
+        torch._check(
+            residual.shape == inp.shape, lambda: "all_reduce_rmsnorm: residual must have inp's shape"
+        )
+        torch._check(gamma.shape == inp.shape[-1:], lambda: "all_reduce_rmsnorm: gamma must be (hidden,)")
+        return torch.empty_like(inp), torch.empty_like(inp)
+
+    return all_reduce, all_reduce_rmsnorm
 
 
 class AllReduceOp:
-    """``{namespace}::all_reduce`` bound to one communicator; call it like ``comm.all_reduce``."""
+    """``{namespace}::all_reduce`` bound to one communicator; call it like ``comm.all_reduce``,
+    and :meth:`rmsnorm` like ``comm.all_reduce_rmsnorm``."""
 
-    __slots__ = ("comm", "handle", "op")
+    __slots__ = ("comm", "handle", "op", "rmsnorm_op")
 
-    def __init__(self, comm: Communicator, op: Any, handle: int) -> None:
-        self.comm, self.op, self.handle = comm, op, handle
+    def __init__(self, comm: Communicator, ops: tuple[Any, Any], handle: int) -> None:
+        self.comm, (self.op, self.rmsnorm_op), self.handle = comm, ops, handle
 
     def __call__(self, inp: torch.Tensor) -> torch.Tensor:
         return self.op(inp, self.handle)
+
+    def rmsnorm(
+        self, inp: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(out, residual_out)`` of ``{namespace}::all_reduce_rmsnorm``."""
+        return self.rmsnorm_op(inp, residual, gamma, eps, self.handle)
 
     def unregister(self) -> None:
         """Forget the communicator (graphs that captured this op must not replay after)."""
@@ -65,11 +93,12 @@ class AllReduceOp:
 
 
 def register_all_reduce(comm: Communicator, *, namespace: str = "b12x") -> AllReduceOp:
-    """The ``{namespace}::all_reduce`` op (defined on first use) bound to ``comm``."""
+    """The ``{namespace}::all_reduce`` and ``all_reduce_rmsnorm`` ops (defined on first use)
+    bound to ``comm``."""
     with _lock:
-        op = _ops.get(namespace)
-        if op is None:
-            op = _ops[namespace] = _define(namespace)
+        ops = _ops.get(namespace)
+        if ops is None:
+            ops = _ops[namespace] = _define(namespace)
         handle = next(_handles)
         _communicators[handle] = comm
-    return AllReduceOp(comm, op, handle)
+    return AllReduceOp(comm, ops, handle)

@@ -47,7 +47,7 @@ def make(
     variants = {k: Variant(*k, 512, 16) for k in keys}
     words = (ctypes.c_uint32 * 4)()
     resources = FakeResources()
-    built = Built(variants, launches, VA, words, None)
+    built = Built(variants, launches, {}, VA, words, None)
     return Communicator(settings, device=0, built=built, resources=resources), launches, words, resources
 
 
