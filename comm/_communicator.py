@@ -255,21 +255,8 @@ class Communicator:
         earlier call timed out, then :class:`CommClosedError`, then the argument errors
         (``ValueError``\\ s) before anything is launched.
         """
-        if self._error_words[0]:
-            raise self._timeout_error()
-        if self._closed:
-            raise CommClosedError(self.rank)
-        names = self._torch_names if self._torch_names is not None else self._bind_torch()
-        dtype = names.get(getattr(inp, "dtype", None))
-        if dtype is None:
-            raise CommArgumentError(
-                "all_reduce inp",
-                f"must be a tensor of one of the communicator's dtypes {self.dtypes}",
-                getattr(inp, "dtype", type(inp).__name__),
-            )
+        dtype = self._tensor_dtype("all_reduce inp", inp)
         device = inp.device
-        if device.type != "cuda" or device.index != self.device:
-            raise CommArgumentError("all_reduce inp", f"must be on cuda:{self.device}", device)
         if not inp.is_contiguous():
             raise CommArgumentError("all_reduce inp", "must be contiguous", f"strides {tuple(inp.stride())}")
         n = inp.numel()
@@ -313,20 +300,7 @@ class Communicator:
         of every fp32 operation is kernels/allreduce_rmsnorm.py's (docs/allreduce.md).
         Zero rows launch nothing. Raises like :meth:`all_reduce`.
         """
-        if self._error_words[0]:
-            raise self._timeout_error()
-        if self._closed:
-            raise CommClosedError(self.rank)
-        names = self._torch_names if self._torch_names is not None else self._bind_torch()
-        dtype = names.get(getattr(inp, "dtype", None))
-        if dtype is None:
-            raise CommArgumentError(
-                "all_reduce_rmsnorm inp",
-                f"must be a tensor of one of the communicator's dtypes {self.dtypes}",
-                getattr(inp, "dtype", type(inp).__name__),
-            )
-        if inp.device.type != "cuda" or inp.device.index != self.device:
-            raise CommArgumentError("all_reduce_rmsnorm inp", f"must be on cuda:{self.device}", inp.device)
+        dtype = self._tensor_dtype("all_reduce_rmsnorm inp", inp)
         if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 <= eps < float("inf"):
             raise CommArgumentError("all_reduce_rmsnorm eps", "must be a finite number >= 0", repr(eps))
         out = self._torch.empty_like(inp) if out is None else out
@@ -424,6 +398,25 @@ class Communicator:
         launch(out_ptr, inp_ptr, self._peers_ptr, self._ctrl, self.rank, n, self._capacity, stream=stream)
 
     # --- errors and lifecycle -----------------------------------------------------------------
+
+    def _tensor_dtype(self, what: str, inp: Any) -> str:
+        """The dtype name of ``inp``, a tensor on this communicator's device, once the
+        communicator is known usable (the checks every tensor call starts with)."""
+        if self._error_words[0]:
+            raise self._timeout_error()
+        if self._closed:
+            raise CommClosedError(self.rank)
+        names = self._torch_names if self._torch_names is not None else self._bind_torch()
+        dtype = names.get(getattr(inp, "dtype", None))
+        if dtype is None:
+            raise CommArgumentError(
+                what,
+                f"must be a tensor of one of the communicator's dtypes {self.dtypes}",
+                getattr(inp, "dtype", type(inp).__name__),
+            )
+        if inp.device.type != "cuda" or inp.device.index != self.device:
+            raise CommArgumentError(what, f"must be on cuda:{self.device}", inp.device)
+        return dtype
 
     def _bind_torch(self) -> dict[Any, str]:
         import torch

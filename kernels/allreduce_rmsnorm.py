@@ -95,27 +95,16 @@ class AllReduceRMSNorm(AllReduce):
         eps: Float32,
         stream: cuda.CUstream,
     ):
-        self.kernel(out, residual_out, inp, residual, gamma, peers, ctrl, rank, rows, capacity, eps).launch(
+        rows_in = (out, residual_out, inp, residual, gamma)  # the kernel takes the row tensors as one
+        self.kernel(rows_in, peers, ctrl, rank, rows, capacity, eps).launch(
             **self.launch_config(rank=rank, rows=rows, capacity=capacity),
             min_blocks_per_mp=1,
             stream=stream,
         )
 
     @cute.kernel
-    def kernel(
-        self,
-        out: cute.Pointer,
-        residual_out: cute.Pointer,
-        inp: cute.Pointer,
-        residual: cute.Pointer,
-        gamma: cute.Pointer,
-        peers: cute.Pointer,
-        ctrl: cute.Pointer,
-        rank: Int32,
-        rows: Int32,
-        capacity: Int32,
-        eps: Float32,
-    ):
+    def kernel(self, tensors: tuple, peers: cute.Pointer, ctrl: cute.Pointer, rank, rows, capacity, eps):
+        out, residual_out, inp, residual, gamma = tensors
         tid, _, _ = cute.arch.thread_idx()
         row, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()

@@ -267,3 +267,21 @@ def checked_cubin(index: Any, entry: Any) -> Any:
     info = inspect_cubin(index.read_artifact(entry))
     check_contract(info, entry.symbol, entry.arch, entry.kernel_params, entry.static, entry.args)
     return info
+
+
+def build_spec_subset(
+    tmp_path_factory: Any, spec_file: str, params: dict, constraints: tuple[str, ...] = (), **fields: Any
+) -> tuple[Path, dict]:
+    """Build ``specs/spec_file`` with ``params`` instead of its own, ``constraints`` added and
+    other top-level ``fields`` replaced, into a fresh registry; its path and the build's summary."""
+    import json
+
+    import yaml
+
+    spec = yaml.safe_load((SPECS / spec_file).read_text())
+    spec.update(params=params, constraints=[*spec.get("constraints", []), *constraints], **fields)
+    directory = tmp_path_factory.mktemp(Path(spec_file).stem)
+    (directory / spec_file).write_text(yaml.safe_dump(spec, sort_keys=False))
+    db = directory / "kernels.db"
+    proc = run_compile(str(directory), "--registry", str(db), "-j", "2", "--json")
+    return db, json.loads(proc.stdout)

@@ -38,19 +38,22 @@ def payloads(world: int) -> list[int]:
     return [8 * p for p in packs] + rows + [1536 * HIDDEN]
 
 
-@pytest.fixture(scope="module")
-def built(gpu_registry, device_arch) -> list[dict]:
+def built_params(registry, family: str, arch: str, spec: str) -> list[dict]:
+    """The params of ``family``'s variants of the runtime's abi for ``arch``; fails when none."""
     params = [
-        dict(e.params)
-        for e in gpu_registry.entries()
-        if e.family == FAMILY and e.abi == ABI and e.arch == device_arch
+        dict(e.params) for e in registry.entries() if e.family == family and e.abi == ABI and e.arch == arch
     ]
     if not params:
         pytest.fail(
-            f"the registry has no {FAMILY} variants for {device_arch}: build them with "
-            f"`b12x-compile specs/comm_allreduce.yaml --registry R --arch {device_arch}`"
+            f"the registry has no {family} variants for {arch}: build them with "
+            f"`b12x-compile specs/{spec} --registry R --arch {arch}`"
         )
     return params
+
+
+@pytest.fixture(scope="module")
+def built(gpu_registry, device_arch) -> list[dict]:
+    return built_params(gpu_registry, FAMILY, device_arch, "comm_allreduce.yaml")
 
 
 def has(built: list[dict], world: int, dtype: str, algorithm: str, transport: str) -> bool:

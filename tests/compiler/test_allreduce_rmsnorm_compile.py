@@ -9,15 +9,13 @@ and a reciprocal square root.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from b12x_aot.loader._index import RegistryIndex
 
-from ..conftest import SPECS, checked_cubin, current_rows, run_compile
+from ..conftest import build_spec_subset, checked_cubin, current_rows
 
 pytestmark = pytest.mark.dsl
 
@@ -27,15 +25,9 @@ PAIRED = "(world == 2) == (dtype == 'bf16')"
 
 @pytest.fixture(scope="module")
 def fused_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    spec = yaml.safe_load((SPECS / "comm_allreduce_rmsnorm.yaml").read_text())
-    spec["params"] = SUBSET
-    spec["constraints"] = [*spec.get("constraints", []), PAIRED]
-    spec["archs"] = ["sm_90a"]
-    directory = tmp_path_factory.mktemp("allreduce_rmsnorm")
-    (directory / "comm_allreduce_rmsnorm.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    db = directory / "kernels.db"
-    proc = run_compile(str(directory), "--registry", str(db), "-j", "2", "--json")
-    summary = json.loads(proc.stdout)
+    db, summary = build_spec_subset(
+        tmp_path_factory, "comm_allreduce_rmsnorm.yaml", SUBSET, (PAIRED,), archs=["sm_90a"]
+    )
     assert not summary["failed"] and not summary["rejected"], summary
     assert summary["counts"]["built"] == 8, summary
     return db
