@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
+from b12x_aot.contract.w4a16_layout import ATOM_K, BAND, CHUNK_K, LANE_ORDER, WEIGHT_LAYOUTS
 from b12x_aot.loader import LaunchArgumentError, PreparedLaunch, Registry
-from b12x_aot.loader.w4a16_layout import ATOM_K, BAND, CHUNK_K, LANE_ORDER, WEIGHT_LAYOUTS
 
 from ._base import RegistryOp, dtype_name
 from .moe_w4a16_tiles import W4A16Tiles, shipped_tiles
@@ -26,7 +26,7 @@ def _check_w_layout(where: str, w_layout: str) -> None:
 
 def w4a16_weights(w: torch.Tensor, w_layout: str) -> torch.Tensor:
     """``w[E, n, k // 2]`` (u8 rows of packed int4) in the byte order ``w_layout`` names (see
-    :mod:`b12x_aot.loader.w4a16_layout`), same shape: ``nk`` returns ``w`` itself (made
+    :mod:`b12x_aot.contract.w4a16_layout`), same shape: ``nk`` returns ``w`` itself (made
     contiguous), ``n64k128`` a new tensor. Convert once, when the weights are loaded."""
     what = f"{tuple(w.shape)} {w.dtype}"
     if w.dim() != 3 or w.dtype != torch.uint8:

@@ -5,7 +5,7 @@
 products are accumulated in fp32 by tensor-core MMAs and the sum is rounded once (to nearest
 even) to the output dtype. Weights ``w[e_cap, n, k / 2]`` (u8) hold two signed int4 per byte,
 in the byte order ``w_layout`` names (``nk`` rows, or ``n64k128`` atoms whose nibbles are in
-MMA lane order, see :mod:`b12x_aot.loader.w4a16_layout`: the same bits either way, but for
+MMA lane order, see :mod:`b12x_aot.contract.w4a16_layout`: the same bits either way, but for
 decode tiles' last fp32 bits). Scales ``s[e_cap, n, k / group]`` are in the activation dtype.
 Rows of invalid routes are exact zeros and no weight is read for them. Only ``out`` is
 written.

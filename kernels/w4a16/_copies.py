@@ -17,7 +17,7 @@ import cutlass.cute as cute
 from cutlass import Int32
 
 from b12x_aot.contract import cdiv
-from b12x_aot.loader.w4a16_layout import ATOM_K, BAND
+from b12x_aot.contract.w4a16_layout import ATOM_K, BAND
 
 from .._ptx import cp_async_4, cp_async_16_l2_256, cp_async_bulk_g2s, prmt
 from ._layout import RingLayout, WeightOrder

@@ -71,7 +71,7 @@ def int4_split_pair(word: Uint32, t: int, element: str, mask: Uint32) -> Uint32:
 def int4_lane_pair(w0: Uint32, w1: Uint32, step: int, half: int, element: str, mask: Uint32) -> Uint32:
     """The pair (k, k + 1) of MMA step ``step`` (0..3 of a 64-wide k-chunk) and k-half ``half``
     from a lane's two words of an ``n64k128`` row chunk (see
-    :mod:`b12x_aot.loader.w4a16_layout`): word ``step // 2``, nibbles ``t`` and ``t + 4`` for
+    :mod:`b12x_aot.contract.w4a16_layout`): word ``step // 2``, nibbles ``t`` and ``t + 4`` for
     ``t = 2 (step % 2) + half``."""
     return int4_split_pair(w0 if step < 2 else w1, 2 * (step % 2) + half, element, mask)
 

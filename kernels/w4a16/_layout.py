@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from b12x_aot.loader.w4a16_layout import ATOM_K, BAND
+from b12x_aot.contract.w4a16_layout import ATOM_K, BAND
 
 __all__ = ["RingLayout", "WeightOrder", "pass_splits_bands"]
 
@@ -25,7 +25,7 @@ def pass_splits_bands(rows: int) -> bool:
 @dataclass(frozen=True, slots=True)
 class WeightOrder:
     """A tile's weight rows in global memory: ``k`` and the ``w_layout`` (``nk`` or ``n64k128``,
-    see :mod:`b12x_aot.loader.w4a16_layout`)."""
+    see :mod:`b12x_aot.contract.w4a16_layout`)."""
 
     k: int
     w_layout: str

@@ -17,7 +17,7 @@ others' in rank order.
   paired alike on their way to shared memory (a ``prmt`` per word, staged in registers one
   k-tile ahead: a block holds few real rows) and stored row-interleaved, so one
   ``ld.shared.v4`` is an A fragment. That is for ``nk`` weights; ``n64k128`` weights are in lane
-  order (:mod:`b12x_aot.loader.w4a16_layout`): the lane's 8 bytes hold its k's of the natural
+  order (:mod:`b12x_aot.contract.w4a16_layout`): the lane's 8 bytes hold its k's of the natural
   MMA slots as (k, k + 1) pairs, still one shift each, the activation words need no pairing
   (each goes unchanged to its lane's place by a 4-byte ``cp.async``, in the k-tile's commit
   group, with the weights unless those arrive by bulk copies), and the MMA roles swap

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from b12x_aot.contract import DTYPES, cdiv
-from b12x_aot.loader.w4a16_layout import ATOM_K, BAND, WEIGHT_LAYOUTS
+from b12x_aot.contract.w4a16_layout import ATOM_K, BAND, WEIGHT_LAYOUTS
 
 from ._layout import pass_splits_bands
 

@@ -13,9 +13,9 @@ pytest.importorskip("torch")
 
 import torch
 
+from b12x_aot.contract.w4a16_layout import CHUNK_K, LANE_ORDER, WEIGHT_LAYOUTS
 from b12x_aot.kernels.w4a16._layout import WeightOrder, pass_splits_bands
 from b12x_aot.loader.errors import LaunchArgumentError
-from b12x_aot.loader.w4a16_layout import CHUNK_K, LANE_ORDER, WEIGHT_LAYOUTS
 from b12x_aot.ops import w4a16_weights
 
 
