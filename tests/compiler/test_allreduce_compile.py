@@ -9,16 +9,14 @@ NVLink multicast.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from b12x_aot.compiler._arch import ARCHS
 from b12x_aot.loader._index import RegistryIndex
 
-from ..conftest import SPECS, checked_cubin, current_rows, run_compile
+from ..conftest import build_spec_subset, checked_cubin, current_rows
 
 pytestmark = pytest.mark.dsl
 
@@ -35,14 +33,7 @@ PAIRED = "(world == 2) == (dtype == 'bf16')"  # both dtypes and both worlds, hal
 
 @pytest.fixture(scope="module")
 def allreduce_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    spec = yaml.safe_load((SPECS / "comm_allreduce.yaml").read_text())
-    spec["params"] = SUBSET
-    spec["constraints"] = [*spec.get("constraints", []), PAIRED]
-    directory = tmp_path_factory.mktemp("allreduce")
-    (directory / "comm_allreduce.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    db = directory / "kernels.db"
-    proc = run_compile(str(directory), "--registry", str(db), "-j", "2", "--json")
-    summary = json.loads(proc.stdout)
+    db, summary = build_spec_subset(tmp_path_factory, "comm_allreduce.yaml", SUBSET, (PAIRED,))
     assert not summary["failed"], summary
     assert not summary["rejected"] and summary["planned"]["pruned"], summary  # PAIRED's prune
     return db

@@ -7,16 +7,14 @@ use 16-byte global loads and stores and no local memory.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from b12x_aot.compiler._arch import ARCHS
 from b12x_aot.loader._index import RegistryIndex
 
-from ..conftest import SPECS, checked_cubin, current_rows, run_compile
+from ..conftest import build_spec_subset, checked_cubin, current_rows
 
 pytestmark = pytest.mark.dsl
 
@@ -25,13 +23,7 @@ SUBSET = {"dtype": ["bf16", "fp16"], "K": [1536], "rounding": ["floor", "ceil"],
 
 @pytest.fixture(scope="module")
 def mxfp8_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    spec = yaml.safe_load((SPECS / "quant_mxfp8.yaml").read_text())
-    spec["params"] = SUBSET
-    directory = tmp_path_factory.mktemp("mxfp8")
-    (directory / "quant_mxfp8.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    db = directory / "kernels.db"
-    proc = run_compile(str(directory), "--registry", str(db), "-j", "2", "--json")
-    summary = json.loads(proc.stdout)
+    db, summary = build_spec_subset(tmp_path_factory, "quant_mxfp8.yaml", SUBSET)
     assert not summary["failed"] and not summary["rejected"], summary
     return db
 
